@@ -1,0 +1,86 @@
+"""Accuracy of a stage: its outputs against stage 0's on the same inputs.
+
+Per output, over all samples of all scenarios:
+  cosine   the lowest cosine similarity of a sample's flattened output with the reference's (float64);
+  max_abs  the largest absolute difference;
+  max_rel  max_abs divided by the largest reference magnitude (element-wise relative error explodes on
+           values near zero, which says nothing about the model);
+  top1     for outputs named like logits: the share of positions whose argmax over the last axis agrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from optimizer.recipe import AccuracyBudget
+
+
+@dataclass
+class OutputAccuracy:
+    cosine: float = 1.0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    top1: float | None = None
+    _top1_hits: int = field(default=0, repr=False)
+    _top1_total: int = field(default=0, repr=False)
+
+    def add(self, ref: np.ndarray, got: np.ndarray, logits: bool) -> None:
+        if ref.shape != got.shape:
+            raise ValueError(f"shape {got.shape} differs from the reference's {ref.shape}")
+        r = ref.astype(np.float64).ravel()
+        g = got.astype(np.float64).ravel()
+        denom = float(np.linalg.norm(r) * np.linalg.norm(g))
+        cos = float(r @ g / denom) if denom > 0 else float(np.array_equal(r, g))
+        diff = float(np.max(np.abs(r - g))) if r.size else 0.0
+        scale = float(np.max(np.abs(r))) if r.size else 0.0
+        self.cosine = min(self.cosine, cos)
+        self.max_abs = max(self.max_abs, diff)
+        self.max_rel = max(self.max_rel, diff / scale if scale > 0 else diff)
+        if logits and ref.ndim >= 1 and ref.shape[-1] > 1:
+            self._top1_hits += int(np.sum(ref.argmax(-1) == got.argmax(-1)))
+            self._top1_total += int(np.prod(ref.shape[:-1]))
+            self.top1 = self._top1_hits / self._top1_total
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cosine": self.cosine, "max_abs": self.max_abs, "max_rel": self.max_rel, "top1": self.top1}
+
+
+def is_logits(name: str) -> bool:
+    return "logits" in name.lower()
+
+
+class AccuracyMeter:
+    """Accumulates per-output accuracy over many (reference, outputs) pairs."""
+
+    def __init__(self, output_names: list[str]) -> None:
+        self.names = output_names
+        self.per_output = {n: OutputAccuracy() for n in output_names}
+
+    def add(self, reference: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        if len(reference) != len(outputs):
+            raise ValueError(f"{len(outputs)} outputs, the reference has {len(reference)}")
+        for name, ref, got in zip(self.names, reference, outputs, strict=True):
+            self.per_output[name].add(ref, got, is_logits(name))
+
+    def to_json(self) -> dict[str, Any]:
+        return {n: a.to_json() for n, a in self.per_output.items()}
+
+
+def budget_verdict(accuracy: dict[str, Any], budget: AccuracyBudget) -> tuple[bool, str]:
+    """(within budget, the sentence that says why) for one stage's accuracy dict."""
+    if not accuracy:
+        return True, "no outputs to compare"
+    name = budget.output or next(iter(accuracy))
+    if name not in accuracy:
+        return False, f"accuracy.output {name!r} is not an output (outputs: {', '.join(accuracy)})"
+    value = accuracy[name].get(budget.metric)
+    if value is None:
+        return True, f"{budget.metric} not defined for {name}"
+    if budget.min is not None and value < budget.min:
+        return False, f"{name} {budget.metric} {value:.6g} < {budget.min}"
+    if budget.max is not None and value > budget.max:
+        return False, f"{name} {budget.metric} {value:.6g} > {budget.max}"
+    return True, f"{name} {budget.metric} {value:.6g}"

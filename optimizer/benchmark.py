@@ -1,0 +1,72 @@
+"""The one benchmark harness every stage goes through.
+
+A stage is timed interleaved with its parent: warm-up for both, then `rounds` rounds, each running the
+parent and the child `iterations` times (the order flips every round, ABBA, so neither side always runs
+first after the other's cache footprint). Each call is timed alone with perf_counter_ns around `run`, which
+is all the harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from optimizer.recipe import BenchmarkSettings
+from optimizer.runners.base import Session
+
+
+@dataclass
+class Timed:
+    """One side of a measurement: the prepared input and the latencies of every round."""
+
+    session: Session
+    prepared: Any
+    rounds: list[list[float]] = field(default_factory=list)
+
+    def samples(self) -> list[float]:
+        return [x for r in self.rounds for x in r]
+
+
+def time_calls(session: Session, prepared: Any, n: int) -> list[float]:
+    """n timed calls, in milliseconds."""
+    run = session.run
+    clock = time.perf_counter_ns
+    out: list[float] = []
+    for _ in range(n):
+        t0 = clock()
+        run(prepared)
+        out.append((clock() - t0) / 1e6)
+    return out
+
+
+def warm_up(session: Session, prepared: Any, n: int) -> float:
+    """Run n untimed calls; return the last call's latency (ms) as an estimate for sizing rounds."""
+    last = time_calls(session, prepared, max(n, 1))
+    return last[-1]
+
+
+def iterations_for(settings: BenchmarkSettings, estimate_ms: float) -> int:
+    if settings.min_round_seconds <= 0 or estimate_ms <= 0:
+        return settings.iterations
+    return max(settings.iterations, math.ceil(settings.min_round_seconds * 1000 / estimate_ms))
+
+
+def measure(
+    child: Timed,
+    parent: Timed | None,
+    settings: BenchmarkSettings,
+    on_round: Callable[[int], None] | None = None,
+) -> None:
+    """Fill child.rounds (and parent.rounds) with interleaved timings. Both sessions must be warm."""
+    sides = [s for s in (parent, child) if s is not None]
+    estimate = max(warm_up(s.session, s.prepared, 1) for s in sides)
+    n = iterations_for(settings, estimate)
+    for r in range(settings.rounds):
+        order = sides if r % 2 == 0 else sides[::-1]
+        for side in order:
+            side.rounds.append(time_calls(side.session, side.prepared, n))
+        if on_round:
+            on_round(r + 1)

@@ -1,0 +1,142 @@
+"""Command line: optimizer compile | validate | passes."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from optimizer.errors import OptimizerError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Model optimization compiler.")
+# Piped output (CI logs, files) gets a width that fits the stage table instead of rich's default 80.
+out = Console() if Console().is_terminal else Console(width=160)
+err = Console(stderr=True) if Console(stderr=True).is_terminal else Console(stderr=True, width=1000)
+STATE: dict[str, bool] = {"debug": False}
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="show tracebacks")) -> None:
+    STATE["debug"] = debug
+
+
+def _fail(message: str, code: int) -> None:
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _sigterm(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@app.command()
+def validate(recipe: Path = typer.Argument(..., help="recipe YAML file")) -> None:
+    """Check a recipe (and every pass config in it) without running anything."""
+    from optimizer.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    stages = " -> ".join(["source", *(f"{p.stage_name}" + (f" (from {p.from_})" if p.from_ else "") for p in r.passes)])
+    out.print(f"[green]ok[/] {recipe}: {len(r.passes)} passes, {len(r.scenarios)} scenarios: {stages}")
+
+
+@app.command("compile")
+def compile_(
+    recipe: Path = typer.Argument(..., help="recipe YAML file"),
+    out_dir: Path | None = typer.Option(None, "--out", help="run folder (default: runs/<recipe name>)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="recompute every stage"),
+) -> None:
+    """Run a recipe: every stage into its own folder, each benchmarked; prints the per-stage table."""
+    from optimizer.console import ConsoleEvents, stage_tables
+    from optimizer.pipeline import Pipeline
+    from optimizer.recipe import load_recipe
+    from optimizer.report import write_report
+
+    r = load_recipe(recipe)
+    run_dir = out_dir or Path("runs") / r.name
+    start = time.perf_counter()
+    signal.signal(signal.SIGTERM, _sigterm)
+    with ConsoleEvents(out) as events:
+        pipeline = Pipeline(r, run_dir, events, use_cache=not no_cache)
+        pipeline.on_stage_done.append(lambda recs: write_report(r, recs, run_dir, time.perf_counter() - start))
+        interrupted = False
+        try:
+            records = pipeline.execute()
+        except KeyboardInterrupt:
+            interrupted, records = True, pipeline.records
+    report = write_report(r, records, run_dir, time.perf_counter() - start) if records else None
+    if report:
+        for table in stage_tables(report):
+            out.print(table)
+        if STATE["debug"]:
+            for st in report["stages"]:
+                if st["notes"].get("traceback"):
+                    err.print(f"{st['name']}:\n{st['notes']['traceback']}", highlight=False, markup=False)
+        out.print(
+            "[dim]vs parent: stage and parent timed interleaved in one session (~ = within noise); "
+            "P50/P99 come from that same session, so compare stages through the ratios.[/]"
+        )
+        for line in report["findings"]:
+            out.print(f"[yellow]![/] {line}", highlight=False)
+        out.print(
+            f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}  (wall time {report['wall_seconds']:.0f} s)"
+        )
+    if interrupted:
+        _fail("interrupted; finished stages are kept and a re-run resumes from them", 130)
+    if report and report["failed_stages"]:
+        _fail(f"failed stages: {', '.join(report['failed_stages'])} (see the table above)", 1)
+
+
+@app.command()
+def passes() -> None:
+    """List every registered pass and whether it can run on this machine."""
+    from optimizer.registry import PASSES, pass_class
+
+    table = Table(header_style="bold")
+    for col in ("pass", "takes", "what it does", "on this machine"):
+        table.add_column(col)
+    for name in sorted(PASSES):
+        cls = pass_class(name)
+        reason = cls.environment_reason()
+        table.add_row(
+            name,
+            "/".join(sorted(cls.consumes)),
+            cls.summary,
+            "[green]available[/]" if reason is None else f"[yellow]unavailable: {reason}[/]",
+        )
+    out.print(table)
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except OptimizerError as e:
+        if STATE["debug"]:
+            raise
+        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("[red]error:[/] interrupted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors and the unexpected: one line unless --debug
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if STATE["debug"]:
+            raise
+        err.print(f"[red]error:[/] {type(e).__name__}: {e} (run with --debug for the traceback)", highlight=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

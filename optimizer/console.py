@@ -1,0 +1,75 @@
+"""Terminal output: live progress while stages run, and the per-scenario stage table at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from optimizer.report import COLUMNS, stage_rows
+from optimizer.stage import StageRecord
+
+STATUS_STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "interrupted": "red"}
+
+
+class ConsoleEvents:
+    """Pipeline events -> a rich progress display: one line per stage, with a bar while it is timed."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[what]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> ConsoleEvents:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def stage_start(self, rec: StageRecord) -> None:
+        self.tasks[rec.name] = self.progress.add_task(f"{rec.index:02d} {rec.name}", total=None, what="starting")
+
+    def stage_progress(self, rec: StageRecord, what: str, done: int, total: int) -> None:
+        task = self.tasks.get(rec.name)
+        if task is not None:
+            self.progress.update(task, what=what, completed=done, total=total or None)
+
+    def stage_end(self, rec: StageRecord) -> None:
+        task = self.tasks.get(rec.name)
+        if task is None:
+            return
+        style = STATUS_STYLE.get(rec.status, "white")
+        text = rec.status + (f": {rec.reason}" if rec.reason else "")
+        self.progress.update(task, what=f"[{style}]{text}[/]", completed=1, total=1)
+
+
+def stage_tables(report: dict[str, Any]) -> list[Table]:
+    tables = []
+    for scen in report["scenarios"]:
+        table = Table(
+            title=f"{report['recipe']['name']} | scenario {scen['name']} (batch {scen['batch']}, seq {scen['seq']})",
+            title_justify="left",
+            header_style="bold",
+        )
+        for key, header in COLUMNS:
+            table.add_column(
+                header, justify="left" if key in ("stage", "parent", "status") else "right", overflow="fold"
+            )
+        for row in stage_rows(report, scen["name"]):
+            style = STATUS_STYLE.get(row["status"], "")
+            cells = [row[k] for k, _ in COLUMNS]
+            cells[2] = f"[{style}]{cells[2]}[/]" if style else cells[2]
+            table.add_row(*cells)
+        tables.append(table)
+    return tables

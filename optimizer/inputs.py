@@ -1,0 +1,117 @@
+"""Inputs for every scenario: generated from the recipe's specs, or real text through the model's tokenizer.
+
+They are built once per run from the recipe's seed, so every stage sees exactly the same arrays: the first
+sample of each scenario is what the benchmark times, and all samples feed the accuracy comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from optimizer.errors import InputError
+from optimizer.recipe import HFFolderSource, InputSpec, Recipe, Scenario
+
+Feed = dict[str, np.ndarray]
+
+
+@dataclass
+class ScenarioFeeds:
+    scenario: Scenario
+    samples: list[Feed]
+
+    @property
+    def timing(self) -> Feed:
+        return self.samples[0]
+
+
+@dataclass
+class FeedSet:
+    input_names: list[str]
+    by_scenario: dict[str, ScenarioFeeds]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.by_scenario.values())
+
+
+def _shape(spec: InputSpec, scenario: Scenario) -> tuple[int, ...]:
+    bind = scenario.bindings()
+    return tuple(bind[d] if isinstance(d, str) else d for d in spec.shape)
+
+
+def _generate(spec: InputSpec, scenario: Scenario, rng: np.random.Generator) -> np.ndarray:
+    shape = _shape(spec, scenario)
+    dtype = np.dtype(spec.dtype)
+    if spec.fill == "ones":
+        return np.ones(shape, dtype)
+    if spec.fill == "zeros":
+        return np.zeros(shape, dtype)
+    if np.issubdtype(dtype, np.integer):
+        low, high = spec.range or (0, 1000)
+        return rng.integers(int(low), int(high), size=shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    low, high = spec.range or (-1.0, 1.0)
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def read_sentences(recipe: Recipe) -> list[str]:
+    assert recipe.text is not None
+    if recipe.text.sentences is not None:
+        lines = recipe.text.sentences
+    else:
+        path = recipe.resolve(recipe.text.file or "")
+        lines = path.read_text().splitlines()
+    sentences = [s.strip() for s in lines if s.strip() and not s.lstrip().startswith("#")]
+    if not sentences:
+        raise InputError("text: no sentences found")
+    return sentences
+
+
+def _tokenizer(recipe: Recipe):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from optimizer.models import hf_folder
+
+    if not isinstance(recipe.model, HFFolderSource):
+        raise InputError("text: real-text inputs need a model source of type hf_folder (it has the tokenizer)")
+    folder: Path = hf_folder(recipe.model, recipe)
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def build_feeds(recipe: Recipe, samples: int) -> FeedSet:
+    """`samples` feeds per scenario; text sentences are taken in order, so sample k differs from sample k+1."""
+    rng = np.random.default_rng(recipe.seed)
+    sentences = read_sentences(recipe) if recipe.text else []
+    tokenizer = _tokenizer(recipe) if recipe.text else None
+    names = [s.name for s in recipe.inputs]
+    by_scenario: dict[str, ScenarioFeeds] = {}
+    cursor = 0
+    for scenario in recipe.scenarios:
+        feeds: list[Feed] = []
+        for _ in range(samples):
+            feed: Feed = {}
+            if tokenizer is not None:
+                batch = [sentences[(cursor + i) % len(sentences)] for i in range(scenario.batch)]
+                cursor += scenario.batch
+                enc = tokenizer(
+                    batch, padding="max_length", truncation=True, max_length=scenario.seq, return_tensors="np"
+                )
+                wanted = names or list(enc.keys())
+                for name in wanted:
+                    if name in enc:
+                        feed[name] = np.asarray(enc[name]).astype(np.int64)
+                if not names:
+                    names = list(feed)
+            for spec in recipe.inputs:
+                if spec.name not in feed:
+                    feed[spec.name] = _generate(spec, scenario, rng)
+                else:
+                    feed[spec.name] = feed[spec.name].astype(spec.dtype)
+            feeds.append({n: feed[n] for n in names})
+        by_scenario[scenario.name] = ScenarioFeeds(scenario, feeds)
+    if not names:
+        raise InputError("inputs: the recipe names no inputs (give `inputs` or `text`)")
+    return FeedSet(names, by_scenario)

@@ -1,0 +1,114 @@
+"""Measuring one stage: load it, check its outputs against stage 0, time it interleaved with its parent.
+
+This is the only place that times anything; passes never measure themselves. Memory is the growth of the
+process's resident set while the stage is loaded and warmed up (the stage is loaded before its parent so
+the parent's memory is not counted): it is an estimate, and is labelled as such in the report.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from optimizer.accuracy import AccuracyMeter, budget_verdict
+from optimizer.artifact import Artifact
+from optimizer.benchmark import Timed, measure, warm_up
+from optimizer.inputs import FeedSet
+from optimizer.recipe import Recipe
+from optimizer.runners import runner_for
+from optimizer.runners.base import Session
+from optimizer.stats import LatencyStats, speedup
+
+Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
+Progress = Callable[[str, int, int], None]
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def run_all(session: Session, feeds: FeedSet) -> Reference:
+    return {sf.scenario.name: [session.to_numpy(session.run(session.prepare(f))) for f in sf.samples] for sf in feeds}
+
+
+def _accuracy(session: Session, feeds: FeedSet, reference: Reference) -> dict[str, Any]:
+    outputs = run_all(session, feeds)
+    names = session.output_names
+    meter = AccuracyMeter(names)
+    for scenario, samples in outputs.items():
+        for ref, got in zip(reference[scenario], samples, strict=True):
+            meter.add(ref, got)
+    return meter.to_json()
+
+
+def _throughput(recipe: Recipe, scenario_name: str, mean_ms: float) -> dict[str, float]:
+    scen = next(s for s in recipe.scenarios if s.name == scenario_name)
+    per_s = 1000.0 / mean_ms if mean_ms > 0 else 0.0
+    return {"samples_per_s": scen.batch * per_s, "tokens_per_s": scen.batch * scen.seq * per_s}
+
+
+def measure_stage(
+    artifact: Artifact,
+    parent: Artifact | None,
+    recipe: Recipe,
+    feeds: FeedSet,
+    reference: Reference | None,
+    progress: Progress,
+) -> tuple[dict[str, Any], Reference | None]:
+    """Metrics of one stage. With reference=None the stage is stage 0 and its outputs become the reference."""
+    settings = recipe.benchmark
+    gc.collect()
+    with ExitStack() as stack:
+        before = _rss()
+        session = stack.enter_context(runner_for(artifact, recipe).load())
+        prepared = {sf.scenario.name: session.prepare(sf.timing) for sf in feeds}
+        for name in prepared:
+            warm_up(session, prepared[name], settings.warmup)
+        memory_mb = (_rss() - before) / 2**20
+
+        new_reference = run_all(session, feeds) if reference is None else None
+        accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
+        within, why = budget_verdict(accuracy, recipe.accuracy)
+
+        parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
+        scenarios: dict[str, Any] = {}
+        total = len(prepared) * settings.rounds
+        done = 0
+        for sf in feeds:
+            name = sf.scenario.name
+            child = Timed(session, prepared[name])
+            other = None
+            if parent_session is not None:
+                other = Timed(parent_session, parent_session.prepare(sf.timing))
+                warm_up(parent_session, other.prepared, settings.warmup)
+
+            def tick(r: int, base: int = done, label: str = name) -> None:
+                progress(f"timing {label}", base + r, total)
+
+            measure(child, other, settings, tick)
+            done += settings.rounds
+            stats = LatencyStats.of(child.samples())
+            entry: dict[str, Any] = {
+                "latency": stats.to_json(),
+                "throughput": _throughput(recipe, name, stats.mean_ms),
+                "iterations": len(child.samples()),
+            }
+            if other is not None:
+                entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
+                entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()
+            scenarios[name] = entry
+        metrics = {
+            "runtime": session.describe(),
+            "memory_mb": memory_mb,
+            "accuracy": accuracy,
+            "within_budget": within,
+            "budget": why,
+            "scenarios": scenarios,
+        }
+    return metrics, new_reference

@@ -1,0 +1,138 @@
+"""Model sources -> a torch module with a fixed calling convention.
+
+Every PyTorch model is wrapped so that it takes the recipe's inputs by name, in recipe order, and returns a
+tuple of tensors in a fixed order. The same wrapper is what stage 0 runs and what the export pass exports, so
+the ONNX graph's inputs and outputs line up with the reference by construction.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optimizer.errors import OptimizerError
+from optimizer.recipe import FactorySource, HFConfigSource, HFFolderSource, OnnxSource, Recipe
+
+if TYPE_CHECKING:
+    import torch
+
+
+def hf_folder(source: HFFolderSource, recipe: Recipe) -> Path:
+    if source.package is None:
+        return recipe.resolve(source.path)
+    spec = importlib.util.find_spec(source.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise OptimizerError(f"model.package: package {source.package!r} is not installed")
+    folder = Path(next(iter(spec.submodule_search_locations))) / source.path
+    if not folder.is_dir():
+        raise OptimizerError(f"model.path: {folder} does not exist inside package {source.package!r}")
+    return folder
+
+
+def _auto_class(task: str) -> Any:
+    import transformers
+
+    from optimizer.quiet import silence_transformers
+
+    silence_transformers()
+    return {
+        "feature-extraction": transformers.AutoModel,
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+    }[task]
+
+
+def _from_config(source: HFConfigSource) -> torch.nn.Module:
+    import torch
+    import transformers
+
+    config_cls = {
+        "gpt2": transformers.GPT2Config,
+        "llama": transformers.LlamaConfig,
+        "bert": transformers.BertConfig,
+    }[source.architecture]
+    try:
+        config = config_cls(**source.config)
+    except TypeError as e:
+        raise OptimizerError(f"model.config: {e}") from None
+    torch.manual_seed(source.seed)
+    return _auto_class(source.task).from_config(config)
+
+
+def _from_factory(source: FactorySource) -> torch.nn.Module:
+    module_name, fn_name = source.target.split(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise OptimizerError(f"model.target: cannot import {source.target!r} ({e})") from None
+    return fn(**source.kwargs)
+
+
+def load_module(recipe: Recipe) -> torch.nn.Module:
+    """Build the source model (eval mode, FP32) without wrapping."""
+    import torch
+
+    source = recipe.model
+    if isinstance(source, OnnxSource):
+        raise OptimizerError("model: the source is an ONNX file; there is no PyTorch module")
+    if isinstance(source, HFFolderSource):
+        folder = hf_folder(source, recipe)
+        try:
+            module = _auto_class(source.task).from_pretrained(str(folder))
+        except (OSError, ValueError) as e:
+            raise OptimizerError(f"model.path: cannot load a model from {folder} ({e})") from None
+    elif isinstance(source, HFConfigSource):
+        module = _from_config(source)
+    else:
+        module = _from_factory(source)
+    if not isinstance(module, torch.nn.Module):
+        raise OptimizerError(f"model: the source returned {type(module).__name__}, not a torch.nn.Module")
+    return module.float().eval()
+
+
+def flatten_outputs(out: Any) -> list[tuple[str, Any]]:
+    """(name, tensor) pairs of a model output: ModelOutput/dict keys, tuple positions, or a single tensor."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [("output", out)]
+    if isinstance(out, dict):  # transformers ModelOutput is a dict
+        return [(k, v) for k, v in out.items() if isinstance(v, torch.Tensor)]
+    if isinstance(out, (tuple, list)):
+        return [(f"output_{i}", v) for i, v in enumerate(out) if isinstance(v, torch.Tensor)]
+    raise OptimizerError(f"model output of type {type(out).__name__} has no tensors")
+
+
+class NamedIO:
+    """Builds the wrapper module: inputs by name -> tuple of the selected outputs."""
+
+    @staticmethod
+    def wrap(module: torch.nn.Module, input_names: list[str], output_names: list[str]) -> torch.nn.Module:
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = module
+
+            def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                kwargs = dict(zip(input_names, args, strict=True))
+                if getattr(self.model, "config", None) is not None and hasattr(self.model.config, "use_cache"):
+                    kwargs["use_cache"] = False  # no KV cache outputs in the encoder/prefill graph
+                found = dict(flatten_outputs(self.model(**kwargs)))
+                return tuple(found[n] for n in output_names)
+
+        return Wrapped().eval()
+
+
+def discover_outputs(module: torch.nn.Module, input_names: list[str], sample: list[torch.Tensor]) -> list[str]:
+    """Names of the tensor outputs the model returns for a sample input (ModelOutput keys)."""
+    import torch
+
+    kwargs = dict(zip(input_names, sample, strict=True))
+    if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
+        kwargs["use_cache"] = False
+    with torch.inference_mode():
+        return [name for name, _ in flatten_outputs(module(**kwargs))]

@@ -1,0 +1,64 @@
+"""Reading and writing ONNX files, with external data for models past protobuf's 2 GB limit."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+from optimizer.artifact import Artifact
+from optimizer.errors import OptimizerError
+
+# protobuf refuses messages over 2 GiB; stay clear of it with room for the graph itself.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+def load(path: Path, with_weights: bool = True) -> Any:
+    import onnx
+
+    try:
+        return onnx.load(str(path), load_external_data=with_weights)
+    except Exception as e:  # onnx raises DecodeError, OSError, ValueError... for broken files
+        raise OptimizerError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+
+
+def save(model: Any, path: Path) -> list[str]:
+    """Save model to path; returns the external data file names (empty when it fits in one file)."""
+    import onnx
+
+    size = model.ByteSize() if hasattr(model, "ByteSize") else 0
+    if size < EXTERNAL_DATA_THRESHOLD:
+        try:
+            onnx.save(model, str(path))
+            return []
+        except ValueError:  # serialization failed on size after all
+            pass
+    data = path.name + ".data"
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data)
+    return [data]
+
+
+def op_histogram(path: Path) -> dict[str, int]:
+    """Count of nodes by op type (domain-qualified when not the default domain), subgraphs included."""
+    model = load(path, with_weights=False)
+    counts: collections.Counter[str] = collections.Counter()
+
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            counts[key] += 1
+            for attr in node.attribute:
+                if attr.g is not None and attr.g.node:
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    return dict(counts.most_common())
+
+
+def graph_stats(artifact: Artifact) -> dict[str, Any]:
+    if artifact.kind != "onnx" or artifact.path is None:
+        return {}
+    hist = op_histogram(artifact.path)
+    return {"nodes": sum(hist.values()), "op_types": hist}

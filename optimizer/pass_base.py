@@ -1,0 +1,72 @@
+"""Pass base class. A pass is a small class with one job: artifact in, new artifact (in its own folder) out.
+
+"Cannot run here" is a reason (skip_reason returns it), not an exception: it becomes a `skipped` stage.
+A real failure raises PassError; the pipeline records the stage as failed and keeps everything measured so far.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from optimizer.artifact import Artifact
+
+if TYPE_CHECKING:
+    from optimizer.inputs import FeedSet
+    from optimizer.recipe import Recipe
+
+
+class PassConfig(BaseModel):
+    """Base for every pass's Config: unknown fields are an error, so typos are caught at validate time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class PassContext:
+    """What a pass may use: its own output folder, the recipe, and sample inputs for numeric checks."""
+
+    recipe: Recipe
+    stage_name: str
+    stage_dir: Path
+    feeds: FeedSet
+    done: tuple[str, ...] = ()
+    log: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    artifact: Artifact
+    modified: bool
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Pass(ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Config: ClassVar[type[PassConfig]] = PassConfig
+    consumes: ClassVar[frozenset[str]] = frozenset({"onnx"})
+    # Bump when the pass's output changes for the same input and config: it invalidates cached stages.
+    version: ClassVar[int] = 1
+
+    def __init__(self, config: PassConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def environment_reason(cls) -> str | None:
+        """Why this pass cannot run on this machine at all (missing library, no GPU), or None."""
+        return None
+
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        """Why this pass cannot run on this artifact here, or None."""
+        if artifact.kind not in self.consumes:
+            return f"takes {'/'.join(sorted(self.consumes))} artifacts, got {artifact.kind}"
+        return self.environment_reason()
+
+    @abstractmethod
+    def run(self, artifact: Artifact, ctx: PassContext) -> PassResult: ...

@@ -1,0 +1,291 @@
+"""The pipeline: build stage 0, run each pass into its own folder, measure every stage with one harness.
+
+Caching: a stage's key hashes its parent's key, the pass type, version and config, and the inputs; a
+finished stage folder with the same key is reused as is. Its measurements are reused too when the
+benchmark settings and the parent it was timed against are unchanged, so editing the last pass of a
+recipe re-runs and re-measures only that pass.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from optimizer import rundir as rd
+from optimizer.artifact import Artifact
+from optimizer.errors import OptimizerError, PassError
+from optimizer.inputs import FeedSet, build_feeds
+from optimizer.measure import Reference, measure_stage
+from optimizer.pass_base import PassContext
+from optimizer.recipe import SOURCE_STAGE, Recipe, recipe_dict
+from optimizer.registry import pass_class
+from optimizer.stage import StageRecord
+
+
+class Events(Protocol):
+    def stage_start(self, rec: StageRecord) -> None: ...
+    def stage_progress(self, rec: StageRecord, what: str, done: int, total: int) -> None: ...
+    def stage_end(self, rec: StageRecord) -> None: ...
+
+
+class NullEvents:
+    def stage_start(self, rec: StageRecord) -> None: ...
+    def stage_progress(self, rec: StageRecord, what: str, done: int, total: int) -> None: ...
+    def stage_end(self, rec: StageRecord) -> None: ...
+
+
+def _feeds_hash(feeds: FeedSet) -> str:
+    arrays = [
+        (s, i, n, a.dtype.str, a.shape, a.tobytes().hex()[:4096], int(a.sum()) if a.size else 0)
+        for s, sf in feeds.by_scenario.items()
+        for i, f in enumerate(sf.samples)
+        for n, a in f.items()
+    ]
+    return rd.content_hash(arrays)
+
+
+def _save_reference(path: Path, ref: Reference) -> None:
+    arrays = {
+        f"{s}|{i}|{j}": o for s, samples in ref.items() for i, outs in enumerate(samples) for j, o in enumerate(outs)
+    }
+    tmp = path.with_name(".reference.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _load_reference(path: Path) -> Reference | None:
+    if not path.is_file():
+        return None
+    ref: Reference = {}
+    with np.load(path) as data:
+        for key in sorted(data.files, key=lambda k: (k.split("|")[0], int(k.split("|")[1]), int(k.split("|")[2]))):
+            s, i, _ = key.split("|")
+            samples = ref.setdefault(s, [])
+            if int(i) == len(samples):
+                samples.append([])
+            samples[int(i)].append(data[key])
+    return ref
+
+
+class Pipeline:
+    def __init__(self, recipe: Recipe, out_dir: Path, events: Events | None = None, use_cache: bool = True) -> None:
+        self.recipe = recipe
+        self.run = rd.RunDir(out_dir)
+        self.events = events or NullEvents()
+        self.use_cache = use_cache
+        self.records: list[StageRecord] = []
+        self.reference: Reference | None = None
+        self.on_stage_done: list[Any] = []  # callbacks(records), e.g. writing the report after each stage
+
+    # ------------------------------------------------------------ public
+    def execute(self) -> list[StageRecord]:
+        self.run.prepare()
+        self.records = [StageRecord(0, SOURCE_STAGE, "source", None)]
+        for i, spec in enumerate(self.recipe.passes, start=1):
+            parent = spec.from_ or self.records[-1].name
+            self.records.append(StageRecord(i, spec.stage_name, spec.type, parent))
+        self.feeds = build_feeds(self.recipe, self.recipe.accuracy.samples)
+        self.feeds_key = _feeds_hash(self.feeds)
+        stop_reason: str | None = None
+        current: StageRecord | None = None
+        try:
+            for rec in self.records:
+                current = rec
+                if stop_reason:
+                    rec.status, rec.reason = "not run", stop_reason
+                    continue
+                self.events.stage_start(rec)
+                self._stage(rec)
+                self.events.stage_end(rec)
+                self._notify()
+                if rec.status == "failed" and (rec.index == 0 or self.recipe.on_failure == "stop"):
+                    stop_reason = f"stage {rec.name!r} failed (on_failure: {self.recipe.on_failure})"
+        except KeyboardInterrupt:
+            if current is not None:
+                current.status, current.reason = "interrupted", "interrupted (Ctrl-C or SIGTERM)"
+                for rec in self.records[current.index + 1 :]:
+                    rec.status, rec.reason = "not run", "the run was interrupted"
+            self._notify()
+            raise
+        return self.records
+
+    def record(self, name: str) -> StageRecord:
+        return next(r for r in self.records if r.name == name)
+
+    # ------------------------------------------------------------ stages
+    def _notify(self) -> None:
+        for callback in self.on_stage_done:
+            callback(self.records)
+
+    def _progress(self, rec: StageRecord) -> Any:
+        return lambda what, done, total: self.events.stage_progress(rec, what, done, total)
+
+    def _stage(self, rec: StageRecord) -> None:
+        try:
+            if rec.index == 0:
+                self._source(rec)
+            else:
+                self._pass(rec)
+            if rec.ok:
+                self._measure(rec)
+        except PassError as e:
+            rec.status, rec.reason = "failed", e.message
+        except OptimizerError as e:
+            rec.status, rec.reason = "failed", str(e)
+        except (MemoryError, RuntimeError, ValueError, OSError) as e:
+            # A library blew up in a way it does not document; keep the run and say what happened.
+            rec.status, rec.reason = (
+                "failed",
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+            )
+        if rec.status == "failed":
+            rec.notes["traceback"] = traceback.format_exc()
+        if rec.status == "failed" and rec.index > 0:
+            parent = self.record(rec.parent or SOURCE_STAGE)
+            rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+
+    def _source(self, rec: StageRecord) -> None:
+        from optimizer.source import source_artifact
+
+        rec.key = rd.content_hash(
+            "source",
+            recipe_dict(self.recipe)["model"],
+            self.feeds.input_names,
+            self.recipe.outputs,
+            self.feeds_key,
+        )
+        folder = self.run.stage_dir(0, rec.name)
+        info = rd.read_json(folder / rd.STAGE_FILE) if self.use_cache else None
+        if info and info.get("key") == rec.key:
+            rec.artifact, rec.status = Artifact.from_json(info["artifact"]), "cached"
+        else:
+            self.events.stage_progress(rec, "loading the source model", 0, 0)
+            start = time.perf_counter()
+            rec.artifact = source_artifact(self.recipe, self.feeds)
+            rec.pass_seconds = time.perf_counter() - start
+            folder.mkdir(parents=True, exist_ok=True)
+            rd.write_json(folder / rd.STAGE_FILE, {"key": rec.key, "status": "ran", "artifact": rec.artifact.to_json()})
+            rec.status = "ran"
+        rec.folder, rec.measured_against = folder.name, rec.name
+
+    def _pass(self, rec: StageRecord) -> None:
+        spec = self.recipe.passes[rec.index - 1]
+        parent = self.record(rec.parent or SOURCE_STAGE)
+        cls = pass_class(spec.type)
+        instance = cls(cls.Config.model_validate(spec.config))
+        if parent.artifact is None:
+            rec.status, rec.reason = "not run", f"parent {parent.name!r} has no artifact"
+            return
+        done = tuple(r.name for r in self.records[: rec.index] if r.ok)
+        probe = PassContext(self.recipe, rec.name, self.run.root, self.feeds, done)
+        reason = instance.skip_reason(parent.artifact, probe)
+        if reason:
+            rec.status, rec.reason = "skipped", reason
+            rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+            return
+        config = instance.config.model_dump(mode="json")
+        rec.key = rd.content_hash(parent.key, spec.type, cls.version, config, self.feeds_key, self.recipe.target.device)
+        cached = self.run.find_cached(rec.key) if self.use_cache else None
+        if cached is not None:
+            folder = self.run.place(cached, rec.index, rec.name)
+            info = rd.read_json(folder / rd.STAGE_FILE) or {}
+            rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
+            rec.notes, rec.pass_seconds, rec.status = (
+                info.get("notes", {}),
+                info.get("pass_seconds"),
+                "cached",
+            )
+        else:
+            self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
+            building = self.run.building_dir(rec.index, rec.name)
+            ctx = PassContext(self.recipe, rec.name, building, self.feeds, done)
+            start = time.perf_counter()
+            try:
+                result = instance.run(parent.artifact, ctx)
+            except BaseException:
+                shutil.rmtree(building, ignore_errors=True)  # a half-built stage is never kept
+                raise
+            rec.pass_seconds = time.perf_counter() - start
+            rec.notes = dict(result.notes)
+            info = {
+                "key": rec.key,
+                "status": "ran",
+                "type": spec.type,
+                "config": config,
+                "artifact": self._portable(result.artifact, building),
+                "notes": rec.notes,
+                "pass_seconds": rec.pass_seconds,
+            }
+            rd.write_json(building / rd.STAGE_FILE, info)
+            folder = self.run.place(building, rec.index, rec.name)
+            rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
+            rec.status = "ran"
+        rec.folder, rec.measured_against = folder.name, rec.name
+
+    @staticmethod
+    def _portable(artifact: Artifact, folder: Path) -> dict[str, Any]:
+        """Artifact JSON with a path relative to its stage folder, so a renamed folder still resolves."""
+        d = artifact.to_json()
+        if artifact.path is not None and artifact.path.parent == folder:
+            d["path"] = artifact.path.name
+        return d
+
+    @staticmethod
+    def _relocate(artifact: Artifact, folder: Path) -> Artifact:
+        if artifact.path is not None and not artifact.path.is_absolute():
+            return Artifact(artifact.kind, folder / artifact.path, artifact.runtime, artifact.meta)
+        return artifact
+
+    # ------------------------------------------------------------ measurement
+    def _measure(self, rec: StageRecord) -> None:
+        assert rec.artifact is not None and rec.folder is not None
+        folder = self.run.root / rec.folder
+        source = self.records[0]
+        against = self.record(self.record(rec.parent).measured_against or SOURCE_STAGE) if rec.parent else None
+        settings = recipe_dict(self.recipe)
+        key = rd.content_hash(
+            rec.key,
+            against.key if against else None,
+            settings["benchmark"],
+            settings["target"],
+            settings["accuracy"],
+            settings["scenarios"],
+            self.feeds_key,
+        )
+        ref_path = self.run.stage_dir(0, SOURCE_STAGE) / "reference.npz"
+        if self.use_cache:
+            cached = rd.read_json(folder / rd.METRICS_FILE)
+            if cached and cached.get("key") == key and (rec.index > 0 or ref_path.is_file()):
+                rec.metrics, rec.bench_seconds = cached["metrics"], cached.get("bench_seconds")
+                if rec.index == 0:
+                    self.reference = _load_reference(ref_path)
+                return
+        if rec.index > 0 and self.reference is None:
+            self.reference = _load_reference(ref_path)
+            if self.reference is None:
+                raise OptimizerError(f"{ref_path}: stage 0's reference outputs are missing; run again with --no-cache")
+        start = time.perf_counter()
+        parent_artifact = against.artifact if against is not None else None
+        metrics, new_ref = measure_stage(
+            rec.artifact,
+            parent_artifact,
+            self.recipe,
+            self.feeds,
+            self.reference if rec.index > 0 else None,
+            self._progress(rec),
+        )
+        rec.bench_seconds = time.perf_counter() - start
+        from optimizer.onnx_io import graph_stats
+
+        metrics["graph"] = graph_stats(rec.artifact)
+        metrics["size_bytes"] = rec.artifact.size_bytes()
+        rec.metrics = metrics
+        if new_ref is not None and rec is source:
+            self.reference = new_ref
+            _save_reference(ref_path, new_ref)
+        rd.write_json(folder / rd.METRICS_FILE, {"key": key, "metrics": metrics, "bench_seconds": rec.bench_seconds})

@@ -1,0 +1,249 @@
+"""Recipe: the YAML file that names the model, its inputs, scenarios, target, benchmark settings, accuracy
+budget and the ordered passes. Everything is validated (pydantic, extra fields forbidden) before any work starts,
+including each pass's own config, so a typo in the last pass fails in a second, not after a ten-minute export.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from optimizer.errors import RecipeError
+
+SOURCE_STAGE = "source"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- model sources
+class HFFolderSource(Strict):
+    """A Hugging Face model folder: a local path, or a folder inside an installed Python package."""
+
+    source: Literal["hf_folder"]
+    path: str = Field(description="folder path; relative to the package folder when `package` is set")
+    package: str | None = Field(default=None, description="installed package that ships the folder")
+    task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
+
+
+class HFConfigSource(Strict):
+    """A transformers architecture built from a config with random weights (no download)."""
+
+    source: Literal["hf_config"]
+    architecture: Literal["gpt2", "llama", "bert"]
+    config: dict[str, Any] = Field(default_factory=dict, description="overrides of the architecture's config")
+    task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
+    seed: int = 0
+
+
+class FactorySource(Strict):
+    """A Python callable `module:function` returning a torch.nn.Module."""
+
+    source: Literal["factory"]
+    target: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("target")
+    @classmethod
+    def _module_function(cls, v: str) -> str:
+        if v.count(":") != 1 or not all(v.split(":")):
+            raise ValueError("must look like 'package.module:function'")
+        return v
+
+
+class OnnxSource(Strict):
+    """An existing ONNX file; stage 0 is then that file run by ONNX Runtime with its optimizations off."""
+
+    source: Literal["onnx"]
+    path: str
+
+
+ModelSource = Annotated[HFFolderSource | HFConfigSource | FactorySource | OnnxSource, Field(discriminator="source")]
+
+
+# ---------------------------------------------------------------- inputs and scenarios
+class InputSpec(Strict):
+    name: str
+    dtype: Literal["int64", "int32", "float32", "float16", "bool"] = "int64"
+    shape: list[int | str] = Field(description="ints are fixed; names are bound by each scenario")
+    range: tuple[float, float] | None = Field(default=None, description="[low, high) for generated values")
+    fill: Literal["random", "ones", "zeros"] = "random"
+
+
+class TextInputs(Strict):
+    """Real text through the model's tokenizer; it supplies the inputs the tokenizer produces."""
+
+    file: str | None = None
+    sentences: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TextInputs:
+        if (self.file is None) == (self.sentences is None):
+            raise ValueError("give exactly one of `file` or `sentences`")
+        return self
+
+
+class Scenario(Strict):
+    name: str
+    batch: int = Field(default=1, ge=1)
+    seq: int = Field(default=128, ge=1)
+    dims: dict[str, int] = Field(default_factory=dict, description="extra symbolic dims")
+
+    def bindings(self) -> dict[str, int]:
+        return {"batch": self.batch, "seq": self.seq, **self.dims}
+
+
+class Target(Strict):
+    device: Literal["cpu", "cuda"] = "cpu"
+    threads: int | None = Field(default=None, ge=1, description="intra-op threads; default: all cores")
+
+
+class BenchmarkSettings(Strict):
+    warmup: int = Field(default=10, ge=0, description="untimed runs per stage before timing")
+    rounds: int = Field(default=10, ge=2, description="alternations between a stage and its parent")
+    iterations: int = Field(default=10, ge=1, description="timed runs per round")
+    min_round_seconds: float = Field(default=0.0, ge=0, description="grow a round until it lasts this long")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+
+
+class AccuracyBudget(Strict):
+    metric: Literal["cosine", "max_abs", "top1"] = "cosine"
+    min: float | None = Field(default=None, description="for cosine and top1: the lowest acceptable value")
+    max: float | None = Field(default=None, description="for max_abs: the highest acceptable value")
+    output: str | None = Field(default=None, description="output to judge; default: the first")
+    samples: int = Field(default=4, ge=1, description="inputs per scenario compared with stage 0")
+
+
+class PassSpec(Strict):
+    type: str
+    name: str | None = None
+    from_: str | None = Field(default=None, alias="from")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def stage_name(self) -> str:
+        return self.name or self.type
+
+
+class Recipe(Strict):
+    name: str
+    description: str = ""
+    model: ModelSource
+    inputs: list[InputSpec] = Field(default_factory=list)
+    text: TextInputs | None = None
+    outputs: list[str] | None = Field(default=None, description="output names; default: all tensor outputs")
+    scenarios: list[Scenario] = Field(min_length=1)
+    target: Target = Field(default_factory=Target)
+    benchmark: BenchmarkSettings = Field(default_factory=BenchmarkSettings)
+    accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    on_failure: Literal["stop", "continue"] = "stop"
+    seed: int = 0
+    passes: list[PassSpec] = Field(default_factory=list)
+
+    # Set by load_recipe: the folder relative paths in the recipe are resolved against.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _check_structure(recipe: Recipe, path: str) -> None:
+    """Cross-field checks pydantic cannot express on one field."""
+    seen: set[str] = {SOURCE_STAGE}
+    for i, spec in enumerate(recipe.passes):
+        name = spec.stage_name
+        if name in seen:
+            raise RecipeError(path, f"passes[{i}].name", f"stage name {name!r} is used twice; give it a `name`")
+        if spec.from_ is not None and spec.from_ not in seen:
+            known = ", ".join(sorted(seen))
+            raise RecipeError(path, f"passes[{i}].from", f"no earlier stage named {spec.from_!r} (known: {known})")
+        seen.add(name)
+    names = [s.name for s in recipe.scenarios]
+    if len(set(names)) != len(names):
+        raise RecipeError(path, "scenarios", "scenario names must be unique")
+    for i, spec in enumerate(recipe.inputs):
+        for dim in spec.shape:
+            if isinstance(dim, str):
+                for scen in recipe.scenarios:
+                    if dim not in scen.bindings():
+                        raise RecipeError(
+                            path, f"inputs[{i}].shape", f"dim {dim!r} is not bound by scenario {scen.name!r}"
+                        )
+    if recipe.text and recipe.text.file and not recipe.resolve(recipe.text.file).is_file():
+        raise RecipeError(path, "text.file", f"no such file: {recipe.resolve(recipe.text.file)}")
+    model = recipe.model
+    if isinstance(model, OnnxSource) and not recipe.resolve(model.path).is_file():
+        raise RecipeError(path, "model.path", f"no such file: {recipe.resolve(model.path)}")
+    if isinstance(model, HFFolderSource):
+        if model.package is not None and importlib.util.find_spec(model.package) is None:
+            raise RecipeError(path, "model.package", f"package {model.package!r} is not installed")
+        if model.package is None and not recipe.resolve(model.path).is_dir():
+            raise RecipeError(path, "model.path", f"no such folder: {recipe.resolve(model.path)}")
+
+
+def _validate_pass_configs(recipe: Recipe, path: str) -> None:
+    from optimizer.registry import UnknownPass, pass_class
+
+    for i, spec in enumerate(recipe.passes):
+        try:
+            cls = pass_class(spec.type)
+        except UnknownPass as e:
+            raise RecipeError(path, f"passes[{i}].type", str(e)) from None
+        try:
+            cls.Config.model_validate(spec.config)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = _field_path((f"passes[{i}]", "config", *err["loc"]))
+            raise RecipeError(path, field, err["msg"]) from None
+
+
+def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
+    """Validate a recipe already read into Python objects."""
+    if not isinstance(data, dict):
+        raise RecipeError(path, None, "the recipe must be a YAML mapping")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        # Drop the discriminated-union tag pydantic puts in the location (e.g. model.hf_folder.path).
+        loc = tuple(p for p in err["loc"] if p not in {"hf_folder", "hf_config", "factory", "onnx"})
+        raise RecipeError(path, _field_path(loc) or None, err["msg"]) from None
+    recipe.base_dir = base_dir or Path(".")
+    _check_structure(recipe, path)
+    _validate_pass_configs(recipe, path)
+    return recipe
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe file; raises RecipeError naming the file and field."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(str(p), None, "no such recipe file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else None
+        raise RecipeError(str(p), where, f"not valid YAML ({getattr(e, 'problem', e)})") from None
+    return parse_recipe(data, str(p), p.parent.resolve())
+
+
+def recipe_dict(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as plain data, with `from` spelled as in the file (used for hashing and the report)."""
+    return recipe.model_dump(mode="json", by_alias=True, exclude={"base_dir"})

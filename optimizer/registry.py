@@ -1,0 +1,26 @@
+"""Pass registry: name -> "module:Class", imported lazily so that listing passes needs no heavy library."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optimizer.pass_base import Pass
+
+PASSES: dict[str, str] = {
+    "export": "passes.export:ExportPass",
+    "ort_session": "passes.ort_session:OrtSessionPass",
+}
+
+
+class UnknownPass(KeyError):
+    def __str__(self) -> str:
+        return f"unknown pass {self.args[0]!r} (known: {', '.join(sorted(PASSES))})"
+
+
+def pass_class(name: str) -> type[Pass]:
+    if name not in PASSES:
+        raise UnknownPass(name)
+    module, cls = PASSES[name].split(":")
+    return getattr(importlib.import_module(module), cls)

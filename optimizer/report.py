@@ -1,0 +1,231 @@
+"""The run report: report.json (versioned schema) and report.md, rewritten after every stage.
+
+Attribution: each stage's speedup against its parent comes from timing the two interleaved; its speedup
+against stage 0 is the product of those ratios along the chain of stages it descends from, so machine
+drift between distant stages never lands on one pass.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from pathlib import Path
+from typing import Any
+
+from optimizer import __version__
+from optimizer.recipe import Recipe, recipe_dict
+from optimizer.rundir import write_json, write_text
+from optimizer.stage import StageRecord
+from optimizer.threads import target_threads
+
+SCHEMA_VERSION = 1
+
+
+def environment() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    versions = {}
+    for pkg in ("torch", "onnx", "onnxruntime", "onnxruntime-gpu", "transformers", "tensorrt", "numpy"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            continue
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "optimizer": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "packages": versions,
+    }
+
+
+def chained_speedups(records: list[StageRecord]) -> dict[str, dict[str, float]]:
+    """stage -> scenario -> speedup against stage 0 (product of parent ratios along the chain)."""
+    by_name = {r.name: r for r in records}
+    out: dict[str, dict[str, float]] = {}
+    for rec in records:
+        if not rec.ok or not rec.metrics:
+            continue
+        if rec.index == 0:
+            out[rec.name] = {s: 1.0 for s in rec.metrics.get("scenarios", {})}
+            continue
+        against = by_name[rec.parent].measured_against if rec.parent else None
+        base = out.get(against or "", {})
+        out[rec.name] = {}
+        for scen, m in rec.metrics.get("scenarios", {}).items():
+            if "vs_parent" in m and scen in base:
+                out[rec.name][scen] = base[scen] * m["vs_parent"]["ratio"]
+    return out
+
+
+def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall_seconds: float) -> dict[str, Any]:
+    chained = chained_speedups(records)
+    stages = []
+    for rec in records:
+        d = rec.to_json()
+        d["vs_source"] = chained.get(rec.name, {})
+        stages.append(d)
+    failed = [r.name for r in records if r.status == "failed"]
+    interrupted = any(r.status == "interrupted" for r in records)
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "recipe": recipe_dict(recipe),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "run_dir": str(out_dir),
+        "environment": environment(),
+        "settings": {
+            "device": recipe.target.device,
+            "threads": target_threads(recipe),
+            "benchmark": recipe.benchmark.model_dump(),
+            "accuracy": recipe.accuracy.model_dump(),
+        },
+        "scenarios": [s.model_dump() for s in recipe.scenarios],
+        "stages": stages,
+        "outcome": "interrupted" if interrupted else "failed" if failed else "ok",
+        "failed_stages": failed,
+        "wall_seconds": wall_seconds,
+    }
+    report["findings"] = findings(report)
+    return report
+
+
+def findings(report: dict[str, Any]) -> list[str]:
+    """Plain sentences about what went wrong or backwards: failures, rejections, performance inversions."""
+    out: list[str] = []
+    for st in report["stages"]:
+        label = f"{st['name']} ({st['type']})"
+        if st["status"] in ("failed", "skipped", "interrupted") and st.get("reason"):
+            out.append(f"{label} {st['status']}: {st['reason']}")
+        m = st.get("metrics") or {}
+        if m and not m.get("within_budget", True):
+            out.append(f"{label} is REJECTED: accuracy outside the budget ({m.get('budget')})")
+        for scen, sm in (m.get("scenarios") or {}).items():
+            vs = sm.get("vs_parent")
+            if vs and vs["verdict"] == "slower":
+                out.append(
+                    f"{label} on {scen}: {1 / vs['ratio']:.2f}x slower than its input "
+                    f"({st['parent']}), beyond noise (CI {vs['low']:.2f}-{vs['high']:.2f}x)"
+                )
+    return out
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def speed_cell(vs: dict[str, Any] | None) -> str:
+    """'1.32x' when beyond noise, '~1.01x' when within it."""
+    if not vs:
+        return "-"
+    mark = "~" if vs["verdict"] == "within noise" else ""
+    return f"{mark}{vs['ratio']:.2f}x"
+
+
+def status_cell(stage: dict[str, Any], short: bool = False) -> str:
+    status = stage["status"]
+    if short or not stage.get("reason"):
+        return status
+    return f"{status}: {stage['reason']}"
+
+
+def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
+    """One row per stage for one scenario, as strings; shared by the terminal table and report.md."""
+    rows = []
+    for st in report["stages"]:
+        m = st.get("metrics") or {}
+        sm = (m.get("scenarios") or {}).get(scenario, {})
+        lat = sm.get("latency") or {}
+        acc = m.get("accuracy") or {}
+        first = next(iter(acc.values()), {}) if acc else {}
+        size = m.get("size_bytes")
+        vs0 = (st.get("vs_source") or {}).get(scenario)
+        rows.append(
+            {
+                "stage": f"{st['index']:02d} {st['name']}",
+                "parent": st.get("parent") or "-",
+                "status": status_cell(st, short=True),
+                "p50": _fmt(lat.get("p50_ms")),
+                "p99": _fmt(lat.get("p99_ms")),
+                "throughput": _fmt((sm.get("throughput") or {}).get("samples_per_s"), ".1f"),
+                "vs_parent": speed_cell(sm.get("vs_parent")),
+                "vs_source": "-" if vs0 is None else f"{vs0:.2f}x",
+                "cosine": "-" if not first else f"{first['cosine']:.6f}",
+                "budget": "-" if not m else ("ok" if m.get("within_budget") else "REJECTED"),
+                "size_mb": "-" if size is None else f"{size / 2**20:.1f}",
+                "memory_mb": _fmt(m.get("memory_mb"), ".0f"),
+            }
+        )
+    return rows
+
+
+COLUMNS = [
+    ("stage", "stage"),
+    ("parent", "parent"),
+    ("status", "status"),
+    ("p50", "P50 ms"),
+    ("p99", "P99 ms"),
+    ("throughput", "samples/s"),
+    ("vs_parent", "vs parent"),
+    ("vs_source", "vs stage 0"),
+    ("cosine", "cosine"),
+    ("budget", "budget"),
+    ("size_mb", "size MB"),
+    ("memory_mb", "mem MB"),
+]
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    r = report
+    lines = [
+        f"# {r['recipe']['name']}: optimizer run",
+        "",
+        f"- outcome: **{r['outcome']}**, wall time {r['wall_seconds']:.0f} s",
+        f"- device: {r['settings']['device']}, threads: {r['settings']['threads']}, cpu: {r['environment']['cpu']}",
+        f"- packages: {', '.join(f'{k} {v}' for k, v in r['environment']['packages'].items())}",
+        f"- benchmark: {r['settings']['benchmark']}",
+        "- `~1.01x`: within noise (the confidence interval of the interleaved ratio includes 1.0).",
+        "",
+    ]
+    for scen in r["scenarios"]:
+        lines += [f"## Scenario {scen['name']} (batch {scen['batch']}, seq {scen['seq']})", ""]
+        lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
+        lines.append("|" + "---|" * len(COLUMNS))
+        for row in stage_rows(r, scen["name"]):
+            lines.append("| " + " | ".join(row[k].replace("|", "/") for k, _ in COLUMNS) + " |")
+        lines.append("")
+    if r.get("findings"):
+        lines += ["## Findings", ""] + [f"- {f}" for f in r["findings"]] + [""]
+    lines += ["## Stages", ""]
+    for st in r["stages"]:
+        m = st.get("metrics") or {}
+        lines.append(f"### {st['index']:02d} {st['name']} ({st['type']})")
+        lines.append(
+            f"- status: {status_cell(st)}; folder: `{st.get('folder') or '-'}`; parent: {st.get('parent') or '-'}"
+        )
+        if m.get("runtime"):
+            lines.append(f"- runtime: {m['runtime']}")
+        if m.get("graph"):
+            lines.append(f"- nodes: {m['graph']['nodes']}; op types: {m['graph']['op_types']}")
+        if m.get("budget"):
+            lines.append(f"- accuracy: {m['budget']} ({'within budget' if m.get('within_budget') else 'REJECTED'})")
+        if st.get("pass_seconds") is not None:
+            lines.append(
+                f"- pass time: {st['pass_seconds']:.1f} s; benchmark time: {_fmt(st.get('bench_seconds'), '.1f')} s"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall_seconds: float) -> dict[str, Any]:
+    report = build_report(recipe, records, out_dir, wall_seconds)
+    write_json(out_dir / "report.json", report)
+    write_text(out_dir / "report.md", to_markdown(report))
+    return report

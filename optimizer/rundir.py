@@ -1,0 +1,96 @@
+"""The run folder: one sub-folder per stage, named `NN-name`, plus report files.
+
+Writes are atomic (temp name, then rename), so a run killed at any point never leaves a half-written
+artifact or report that a later run would trust. A stage is built in `.building-NN-name/` and renamed
+into place only when its pass succeeded and stage.json is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+STAGE_FILE = "stage.json"
+METRICS_FILE = "metrics.json"
+
+
+def content_hash(*parts: Any) -> str:
+    """A stable hash of JSON-able parts (dict keys sorted), for cache keys."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class RunDir:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def prepare(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".write-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            from optimizer.errors import OptimizerError
+
+            raise OptimizerError(f"{self.root}: cannot write the run folder ({e.strerror or e})") from None
+        for leftover in self.root.glob(".building-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    @staticmethod
+    def folder_name(index: int, name: str) -> str:
+        return f"{index:02d}-{name}"
+
+    def stage_dir(self, index: int, name: str) -> Path:
+        return self.root / self.folder_name(index, name)
+
+    def building_dir(self, index: int, name: str) -> Path:
+        d = self.root / f".building-{self.folder_name(index, name)}"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        return d
+
+    def find_cached(self, key: str) -> Path | None:
+        """A finished stage folder (any index: passes may have been inserted) whose stage.json has this key."""
+        for d in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            if d.is_dir() and not d.name.startswith("."):
+                info = read_json(d / STAGE_FILE)
+                if info and info.get("key") == key and info.get("status") == "ran":
+                    return d
+        return None
+
+    def place(self, src: Path, index: int, name: str) -> Path:
+        """Move a built (or cached) stage folder to its final name, replacing what was there."""
+        dest = self.stage_dir(index, name)
+        if src == dest:
+            return dest
+        if dest.exists():
+            trash = self.root / f".building-old-{dest.name}"
+            shutil.rmtree(trash, ignore_errors=True)
+            os.replace(dest, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(src, dest)
+        return dest

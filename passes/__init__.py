@@ -1,0 +1,1 @@
+"""One module per pass. Each imports its heavy libraries inside run(), so listing passes stays cheap."""

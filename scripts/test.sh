@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up (if needed) and runs the test suite: lint, then pytest. CI runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+ruff check optimizer passes scripts tests
+python -m pytest -q "$@"

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))
+
+FAST_BENCH = {"warmup": 2, "rounds": 4, "iterations": 3}
+
+
+def mlp_recipe(**overrides: Any) -> dict[str, Any]:
+    """A recipe for the tiny MLP: fast enough to compile many times in tests."""
+    recipe: dict[str, Any] = {
+        "name": "tiny-mlp",
+        "model": {"source": "factory", "target": "tiny_models:mlp"},
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 16]}],
+        "scenarios": [{"name": "b1", "batch": 1, "seq": 1}, {"name": "b8", "batch": 8, "seq": 1}],
+        "target": {"device": "cpu", "threads": 1},
+        "benchmark": FAST_BENCH,
+        "accuracy": {"metric": "cosine", "min": 0.99, "samples": 2},
+        "passes": [{"type": "export"}, {"type": "ort_session"}],
+    }
+    recipe.update(overrides)
+    return recipe
+
+
+def write_recipe(folder: Path, data: dict[str, Any], name: str = "recipe.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path: Path) -> Path:
+    return write_recipe(tmp_path, mlp_recipe())

@@ -1,0 +1,124 @@
+"""Recipe validation: every error names the file and the field, before anything runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TESTS, mlp_recipe, write_recipe
+
+from optimizer.errors import RecipeError
+from optimizer.recipe import load_recipe
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    return subprocess.run(
+        [sys.executable, "-m", "optimizer.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+    )
+
+
+def expect_error(tmp_path: Path, data: Any, field: str, words: str) -> None:
+    path = write_recipe(tmp_path, data)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert info.value.field == field, str(info.value)
+    assert words in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_valid_recipe_loads(tiny_recipe: Path) -> None:
+    recipe = load_recipe(tiny_recipe)
+    assert [p.stage_name for p in recipe.passes] == ["export", "ort_session"]
+    assert recipe.scenarios[1].bindings() == {"batch": 8, "seq": 1}
+
+
+def test_shipped_recipes_validate() -> None:
+    for path in sorted((TESTS.parent / "recipes").glob("*.yaml")):
+        load_recipe(path)
+
+
+def test_unknown_pass(tmp_path: Path) -> None:
+    expect_error(tmp_path, mlp_recipe(passes=[{"type": "exprot"}]), "passes[0].type", "unknown pass 'exprot'")
+
+
+def test_misspelled_pass_config_field(tmp_path: Path) -> None:
+    data = mlp_recipe(passes=[{"type": "export", "config": {"opsett": 17}}])
+    expect_error(tmp_path, data, "passes[0].config.opsett", "Extra inputs are not permitted")
+
+
+def test_wrong_type(tmp_path: Path) -> None:
+    data = mlp_recipe(benchmark={"rounds": "many"})
+    expect_error(tmp_path, data, "benchmark.rounds", "valid integer")
+
+
+def test_misspelled_top_level_field(tmp_path: Path) -> None:
+    data = mlp_recipe()
+    data["scenarioz"] = data.pop("scenarios")
+    path = write_recipe(tmp_path, data)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert info.value.field in ("scenarios", "scenarioz")
+
+
+def test_missing_model_path(tmp_path: Path) -> None:
+    data = mlp_recipe(model={"source": "onnx", "path": "nowhere/model.onnx"})
+    expect_error(tmp_path, data, "model.path", "no such file")
+
+
+def test_unknown_model_source_names_the_choices(tmp_path: Path) -> None:
+    data = mlp_recipe(model={"source": "tensorflow", "path": "x"})
+    path = write_recipe(tmp_path, data)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert "hf_folder" in str(info.value) and info.value.field == "model"
+
+
+def test_from_must_name_an_earlier_stage(tmp_path: Path) -> None:
+    data = mlp_recipe(passes=[{"type": "export"}, {"type": "ort_session", "from": "fuse"}])
+    expect_error(tmp_path, data, "passes[1].from", "no earlier stage named 'fuse'")
+
+
+def test_duplicate_stage_names(tmp_path: Path) -> None:
+    data = mlp_recipe(passes=[{"type": "export"}, {"type": "ort_session"}, {"type": "ort_session"}])
+    expect_error(tmp_path, data, "passes[2].name", "used twice")
+
+
+def test_unbound_dim(tmp_path: Path) -> None:
+    data = mlp_recipe(inputs=[{"name": "x", "dtype": "float32", "shape": ["batch", "features"]}])
+    expect_error(tmp_path, data, "inputs[0].shape", "dim 'features' is not bound by scenario 'b1'")
+
+
+def test_bad_yaml_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nmodel: [unclosed\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert "not valid YAML" in str(info.value) and "line" in str(info.value)
+
+
+def test_cli_validate_bad_recipe_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    path = write_recipe(tmp_path, mlp_recipe(passes=[{"type": "export", "config": {"exporter": "onnx2"}}]))
+    proc = run_cli("validate", str(path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"{path}: passes[0].config.exporter" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_missing_recipe_file(tmp_path: Path) -> None:
+    proc = run_cli("compile", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 2
+    assert "nope.yaml: no such recipe file" in proc.stderr
+
+
+def test_cli_passes_lists_every_pass() -> None:
+    proc = run_cli("passes")
+    assert proc.returncode == 0
+    for name in ("export", "ort_session"):
+        assert name in proc.stdout
