@@ -2,8 +2,10 @@
 
 A stage is timed interleaved with its parent: warm-up for both, then `rounds` rounds, each running the
 parent and the child `iterations` times (the order flips every round, ABBA, so neither side always runs
-first after the other's cache footprint). Each call is timed alone with perf_counter_ns around `run`, which
-is all the harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
+first after the other's cache footprint). The first call after each switch is run untimed: the other
+session's worker threads are still spinning then (ONNX Runtime spins after a run), and that contention
+belongs to neither stage. Each call is timed alone with perf_counter_ns around `run`, which is all the
+harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def measure(
     for r in range(settings.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
         for side in order:
+            if parent is not None:
+                side.session.run(side.prepared)  # untimed: settles the switch from the other session
             side.rounds.append(time_calls(side.session, side.prepared, n))
         if on_round:
             on_round(r + 1)

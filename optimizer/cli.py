@@ -50,6 +50,7 @@ def compile_(
     recipe: Path = typer.Argument(..., help="recipe YAML file"),
     out_dir: Path | None = typer.Option(None, "--out", help="run folder (default: runs/<recipe name>)"),
     no_cache: bool = typer.Option(False, "--no-cache", help="recompute every stage"),
+    no_bench: bool = typer.Option(False, "--no-bench", help="build the artifacts only; measure nothing"),
 ) -> None:
     """Run a recipe: every stage into its own folder, each benchmarked; prints the per-stage table."""
     from optimizer.console import ConsoleEvents, stage_tables
@@ -62,7 +63,7 @@ def compile_(
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _sigterm)
     with ConsoleEvents(out) as events:
-        pipeline = Pipeline(r, run_dir, events, use_cache=not no_cache)
+        pipeline = Pipeline(r, run_dir, events, use_cache=not no_cache, measure=not no_bench)
         pipeline.on_stage_done.append(lambda recs: write_report(r, recs, run_dir, time.perf_counter() - start))
         interrupted = False
         try:

@@ -58,7 +58,8 @@ def _from_config(source: HFConfigSource) -> torch.nn.Module:
     except TypeError as e:
         raise OptimizerError(f"model.config: {e}") from None
     torch.manual_seed(source.seed)
-    return _auto_class(source.task).from_config(config)
+    extra = {"attn_implementation": source.attn_implementation} if source.attn_implementation else {}
+    return _auto_class(source.task).from_config(config, **extra)
 
 
 def _from_factory(source: FactorySource) -> torch.nn.Module:
@@ -80,7 +81,8 @@ def load_module(recipe: Recipe) -> torch.nn.Module:
     if isinstance(source, HFFolderSource):
         folder = hf_folder(source, recipe)
         try:
-            module = _auto_class(source.task).from_pretrained(str(folder))
+            extra = {"attn_implementation": source.attn_implementation} if source.attn_implementation else {}
+            module = _auto_class(source.task).from_pretrained(str(folder), **extra)
         except (OSError, ValueError) as e:
             raise OptimizerError(f"model.path: cannot load a model from {folder} ({e})") from None
     elif isinstance(source, HFConfigSource):

@@ -73,8 +73,11 @@ def _load_reference(path: Path) -> Reference | None:
 
 
 class Pipeline:
-    def __init__(self, recipe: Recipe, out_dir: Path, events: Events | None = None, use_cache: bool = True) -> None:
+    def __init__(
+        self, recipe: Recipe, out_dir: Path, events: Events | None = None, use_cache: bool = True, measure: bool = True
+    ) -> None:
         self.recipe = recipe
+        self.measure = measure
         self.run = rd.RunDir(out_dir)
         self.events = events or NullEvents()
         self.use_cache = use_cache
@@ -131,7 +134,7 @@ class Pipeline:
                 self._source(rec)
             else:
                 self._pass(rec)
-            if rec.ok:
+            if rec.ok and self.measure:
                 self._measure(rec)
         except PassError as e:
             rec.status, rec.reason = "failed", e.message

@@ -29,6 +29,7 @@ class HFFolderSource(Strict):
     path: str = Field(description="folder path; relative to the package folder when `package` is set")
     package: str | None = Field(default=None, description="installed package that ships the folder")
     task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(default=None, description="default: transformers'")
 
 
 class HFConfigSource(Strict):
@@ -39,6 +40,7 @@ class HFConfigSource(Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="overrides of the architecture's config")
     task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
     seed: int = 0
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(default=None, description="default: transformers'")
 
 
 class FactorySource(Strict):

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
 PASSES: dict[str, str] = {
     "export": "passes.export:ExportPass",
     "ort_session": "passes.ort_session:OrtSessionPass",
+    "fuse": "passes.fuse:FusePass",
+    "ort_transformers": "passes.ort_transformers:OrtTransformersPass",
 }
 
 

@@ -1,0 +1,114 @@
+"""Small helpers over onnx-graphsurgeon graphs, shared by the fusion rules.
+
+onnx-graphsurgeon was chosen over the onnxscript rewriter because the hardest rule here (attention) is a walk
+with many optional steps that must say *why* a block did not match; a producer/consumer graph with cleanup
+and toposort (what GraphSurgeon gives, and what TensorRT users already know) fits that better than a pattern
+DSL whose failures are silent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+MS = "com.microsoft"
+
+
+@dataclass
+class RuleReport:
+    """What one rule did: how many fusions, and the places it looked at and declined, with the reason."""
+
+    fused: int = 0
+    misses: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"fused": self.fused, "not_fused": self.misses}
+        if self.details:
+            d["details"] = self.details
+        return d
+
+
+def producer(t: gs.Tensor | None, op: str | tuple[str, ...] | None = None) -> gs.Node | None:
+    """The node producing t (optionally only if its op is `op`)."""
+    if t is None or isinstance(t, gs.Constant) or len(t.inputs) != 1:
+        return None
+    node = t.inputs[0]
+    if op is not None and node.op not in ((op,) if isinstance(op, str) else op):
+        return None
+    return node
+
+
+def const(t: gs.Tensor | None) -> np.ndarray | None:
+    """The value of a constant tensor (initializer or Constant node output), else None."""
+    if t is None:
+        return None
+    if isinstance(t, gs.Constant):
+        return np.asarray(t.values)
+    node = producer(t, "Constant")
+    if node is not None and "value" in node.attrs and isinstance(node.attrs["value"], gs.Constant):
+        return np.asarray(node.attrs["value"].values)
+    return None
+
+
+def scalar(t: gs.Tensor | None) -> float | None:
+    v = const(t)
+    if v is None or v.size != 1:
+        return None
+    return float(v.reshape(()))
+
+
+def close_to(t: gs.Tensor | None, value: float, rtol: float = 1e-3) -> bool:
+    v = scalar(t)
+    return v is not None and abs(v - value) <= rtol * max(abs(value), 1e-6)
+
+
+def single_use(t: gs.Tensor) -> bool:
+    return len(t.outputs) == 1 and t not in ()
+
+
+def other_input(node: gs.Node, t: gs.Tensor) -> gs.Tensor | None:
+    """For a binary node, the input that is not t."""
+    a, b = node.inputs[0], node.inputs[1]
+    if a is t:
+        return b
+    if b is t:
+        return a
+    return None
+
+
+def name_of(node: gs.Node) -> str:
+    return node.name or f"{node.op}@{id(node):x}"
+
+
+def name_nodes(graph: gs.Graph) -> None:
+    """Give unnamed nodes stable names, so reports and new node names can refer to them."""
+    for i, node in enumerate(graph.nodes):
+        if not node.name:
+            node.name = f"{node.op}_{i}"
+
+
+def const_tensor(graph: gs.Graph, name: str, value: np.ndarray) -> gs.Constant:
+    """A new initializer with a name unique in the graph."""
+    taken = graph.tensors()
+    base, i = name, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return gs.Constant(name, np.ascontiguousarray(value))
+
+
+def variable(graph: gs.Graph, name: str, dtype: Any = np.float32) -> gs.Variable:
+    taken = graph.tensors()
+    base, i = name, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return gs.Variable(name, dtype=dtype)
+
+
+def is_output(graph: gs.Graph, t: gs.Tensor) -> bool:
+    return any(o is t for o in graph.outputs)

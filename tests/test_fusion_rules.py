@@ -1,0 +1,256 @@
+"""Each fusion rule on a tiny graph built here: what it fuses, what it declines (and why), and that the
+outputs do not change."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from fusion_helpers import assert_same, float_input, fuse, model, ops
+from onnx import helper
+
+from passes.fuse.attention import Decline, classify_mask
+
+rng = np.random.default_rng(0)
+
+
+def layernorm_graph(eps: float = 1e-5) -> tuple:
+    h = 8
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mean"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["std"]),
+        helper.make_node("Div", ["d", "std"], ["norm"]),
+        helper.make_node("Mul", ["norm", "gamma"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "beta"], ["y"]),
+    ]
+    inits = {
+        "two": np.float32(2.0),
+        "eps": np.float32(eps),
+        "gamma": rng.normal(size=h).astype(np.float32),
+        "beta": rng.normal(size=h).astype(np.float32),
+    }
+    m = model(nodes, [float_input("x", [2, 3, h])], ["y"], inits)
+    return m, {"x": rng.normal(size=(2, 3, h)).astype(np.float32)}
+
+
+def test_layernorm_from_decomposed_form() -> None:
+    m, feed = layernorm_graph()
+    out, reports = fuse(m, feed, ["layernorm"], target="tensorrt")
+    assert reports["layernorm"].fused == 1
+    assert ops(out) == {"LayerNormalization": 1}
+    assert_same(m, out, feed)
+
+
+def skip_graph(reuse_sum: bool, bias: bool) -> tuple:
+    h = 8
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["mm"])]
+    first = "mm"
+    if bias:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["mmb"]))
+        first = "mmb"
+    nodes += [
+        helper.make_node("Add", [first, "skip"], ["sum"]),
+        helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    outputs = ["y"]
+    if reuse_sum:
+        nodes.append(helper.make_node("Mul", ["sum", "y"], ["z"]))
+        outputs = ["z"]
+    inits = {
+        "w": rng.normal(size=(h, h)).astype(np.float32),
+        "b": rng.normal(size=h).astype(np.float32),
+        "gamma": rng.normal(size=h).astype(np.float32),
+        "beta": rng.normal(size=h).astype(np.float32),
+    }
+    m = model(nodes, [float_input("a", [2, 3, h]), float_input("skip", [2, 3, h])], outputs, inits)
+    feed = {"a": rng.normal(size=(2, 3, h)).astype(np.float32), "skip": rng.normal(size=(2, 3, h)).astype(np.float32)}
+    return m, feed
+
+
+@pytest.mark.parametrize("reuse_sum", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skip_layernorm(reuse_sum: bool, bias: bool) -> None:
+    m, feed = skip_graph(reuse_sum, bias)
+    out, reports = fuse(m, feed, ["skip_layernorm"])
+    assert reports["skip_layernorm"].fused == 1
+    assert ops(out)["SkipLayerNormalization"] == 1 and "LayerNormalization" not in ops(out)
+    assert ops(out)["Add"] == 0  # the bias and the residual sum both went into the op
+    assert_same(m, out, feed)
+
+
+def test_skip_layernorm_declines_broadcast_and_tensorrt() -> None:
+    h = 8
+    nodes = [
+        helper.make_node("Add", ["a", "pos"], ["sum"]),
+        helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1),
+    ]
+    inits = {"gamma": np.ones(h, np.float32), "beta": np.zeros(h, np.float32)}
+    m = model(nodes, [float_input("a", [2, 3, h]), float_input("pos", [1, 3, h])], ["y"], inits)
+    feed = {"a": rng.normal(size=(2, 3, h)).astype(np.float32), "pos": rng.normal(size=(1, 3, h)).astype(np.float32)}
+    _, reports = fuse(m, feed, ["skip_layernorm"])
+    assert reports["skip_layernorm"].fused == 0
+    assert "not two same-shape 3-D tensors" in reports["skip_layernorm"].misses[0]
+    m2, feed2 = skip_graph(False, False)
+    out, reports = fuse(m2, feed2, ["skip_layernorm"], target="tensorrt")
+    assert reports["skip_layernorm"].fused == 0 and ops(out)["LayerNormalization"] == 1
+
+
+def gelu_erf_graph(order: str, bias: bool) -> tuple:
+    h = 8
+    nodes = []
+    x = "x"
+    if bias:
+        nodes.append(helper.make_node("Add", ["x", "b"], ["xb"]))
+        x = "xb"
+    nodes += [
+        helper.make_node("Div", [x, "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["p"]),
+    ]
+    if order == "half_first":
+        nodes += [helper.make_node("Mul", [x, "half"], ["xh"]), helper.make_node("Mul", ["xh", "p"], ["y"])]
+    elif order == "x_first":
+        nodes += [helper.make_node("Mul", [x, "p"], ["xp"]), helper.make_node("Mul", ["xp", "half"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["p", "half"], ["ph"]), helper.make_node("Mul", ["ph", x], ["y"])]
+    inits = {
+        "sqrt2": np.float32(math.sqrt(2)),
+        "one": np.float32(1),
+        "half": np.float32(0.5),
+        "b": rng.normal(size=h).astype(np.float32),
+    }
+    m = model(nodes, [float_input("x", [2, 3, h])], ["y"], inits)
+    return m, {"x": rng.normal(size=(2, 3, h)).astype(np.float32) * 3}
+
+
+@pytest.mark.parametrize("order", ["half_first", "x_first", "half_last"])
+def test_gelu_erf_forms(order: str) -> None:
+    m, feed = gelu_erf_graph(order, bias=False)
+    out, reports = fuse(m, feed, ["gelu"])
+    assert reports["gelu"].fused == 1 and ops(out) == {"Gelu": 1}
+    assert out.graph.node[0].domain == "com.microsoft"
+    assert_same(m, out, feed)
+
+
+def test_bias_gelu() -> None:
+    m, feed = gelu_erf_graph("half_first", bias=True)
+    out, reports = fuse(m, feed, ["gelu", "bias_gelu"])
+    assert reports["bias_gelu"].fused == 1 and ops(out) == {"BiasGelu": 1}
+    assert_same(m, out, feed)
+
+
+def test_gelu_for_tensorrt_is_the_standard_op_at_opset_20() -> None:
+    m, feed = gelu_erf_graph("x_first", bias=False)
+    m.opset_import[0].version = 20
+    out, reports = fuse(m, feed, ["gelu", "bias_gelu"], target="tensorrt")
+    assert ops(out) == {"Gelu": 1} and out.graph.node[0].domain in ("", "ai.onnx")
+    assert reports["bias_gelu"].misses == ["bias-gelu: not used for target tensorrt"]
+    assert_same(m, out, feed)
+
+
+def test_gelu_tanh_form_to_fastgelu() -> None:
+    h = 8
+    nodes = [
+        helper.make_node("Pow", ["x", "three"], ["x3"]),
+        helper.make_node("Mul", ["x3", "c1"], ["cx3"]),
+        helper.make_node("Add", ["x", "cx3"], ["inner"]),
+        helper.make_node("Mul", ["inner", "c2"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["p"]),
+        helper.make_node("Mul", ["x", "half"], ["xh"]),
+        helper.make_node("Mul", ["xh", "p"], ["y"]),
+    ]
+    inits = {
+        "three": np.float32(3),
+        "c1": np.float32(0.044715),
+        "c2": np.float32(math.sqrt(2 / math.pi)),
+        "one": np.float32(1),
+        "half": np.float32(0.5),
+    }
+    m = model(nodes, [float_input("x", [2, h])], ["y"], inits)
+    feed = {"x": rng.normal(size=(2, h)).astype(np.float32) * 3}
+    out, reports = fuse(m, feed, ["gelu"])
+    assert reports["gelu"].fused == 1 and ops(out) == {"FastGelu": 1}
+    assert_same(m, out, feed)
+
+
+def test_gemm_only_for_2d_inputs() -> None:
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["y"]),
+        helper.make_node("MatMul", ["x3", "w"], ["mm3"]),
+        helper.make_node("Add", ["mm3", "b"], ["y3"]),
+    ]
+    inits = {"w": rng.normal(size=(8, 4)).astype(np.float32), "b": rng.normal(size=4).astype(np.float32)}
+    m = model(nodes, [float_input("x", [5, 8]), float_input("x3", [2, 5, 8])], ["y", "y3"], inits)
+    feed = {"x": rng.normal(size=(5, 8)).astype(np.float32), "x3": rng.normal(size=(2, 5, 8)).astype(np.float32)}
+    out, reports = fuse(m, feed, ["gemm"])
+    assert reports["gemm"].fused == 1 and ops(out)["Gemm"] == 1 and ops(out)["MatMul"] == 1
+    assert "input is 3-D" in reports["gemm"].misses[0]
+    assert_same(m, out, feed)
+
+
+def conv_graph() -> tuple:
+    c = 4
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "g", "be", "mu", "var"], ["bn"], epsilon=1e-3),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("Conv", ["r", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    inits = {
+        "w": rng.normal(size=(c, c, 3, 3)).astype(np.float32),
+        "g": rng.uniform(0.5, 1.5, c).astype(np.float32),
+        "be": rng.normal(size=c).astype(np.float32),
+        "mu": rng.normal(size=c).astype(np.float32),
+        "var": rng.uniform(0.5, 2, c).astype(np.float32),
+        "w2": rng.normal(size=(c, c, 3, 3)).astype(np.float32),
+        "b2": rng.normal(size=c).astype(np.float32),
+    }
+    m = model(nodes, [float_input("x", [1, c, 6, 6])], ["y"], inits)
+    return m, {"x": rng.normal(size=(1, c, 6, 6)).astype(np.float32)}
+
+
+def test_conv_bn_folding_is_exact() -> None:
+    m, feed = conv_graph()
+    out, reports = fuse(m, feed, ["conv_bn"], target="tensorrt")
+    assert reports["conv_bn"].fused == 1 and "BatchNormalization" not in ops(out)
+    assert_same(m, out, feed, atol=1e-4)
+
+
+def test_conv_relu_and_conv_add_relu_to_fusedconv_on_cpu_only() -> None:
+    m, feed = conv_graph()
+    out, reports = fuse(m, feed, ["conv_bn", "conv_activation"])
+    assert reports["conv_activation"].fused == 2
+    assert ops(out) == {"FusedConv": 2}
+    assert_same(m, out, feed, atol=1e-4)
+    _, reports = fuse(m, feed, ["conv_bn", "conv_activation"], target="cuda")
+    assert reports["conv_activation"].fused == 0 and "CPU kernel" in reports["conv_activation"].misses[0]
+
+
+NEG = np.float32(-3.4e38)
+
+
+def test_mask_classification() -> None:
+    s = 4
+    pad = np.array([[1, 1, 1, 1], [1, 1, 0, 0]])
+    padding = np.where(pad[:, None, None, :] == 1, 0, NEG).astype(np.float32)
+    causal = np.where(np.tril(np.ones((s, s)))[None, None] == 1, 0, -np.inf).astype(np.float32)
+    assert classify_mask(np.zeros((2, 1, s, s), np.float32), pad, s) == "none"
+    assert classify_mask(padding, pad, s) == "padding"
+    assert classify_mask(causal, pad, s) == "causal"
+    assert classify_mask(np.minimum(padding, causal), pad, s) == "causal+padding"
+    with pytest.raises(Decline, match="a bias, not a mask"):
+        classify_mask(rng.normal(size=(2, 1, s, s)).astype(np.float32), pad, s)
+    with pytest.raises(Decline, match="3-D"):
+        classify_mask(np.zeros((2, s, s), np.float32), pad, s)
+    sliding = np.where(np.abs(np.arange(s)[:, None] - np.arange(s)[None]) <= 1, 0, NEG)[None, None].astype(np.float32)
+    with pytest.raises(Decline, match="not a 2-D padding mask"):
+        classify_mask(sliding, pad, s)
