@@ -74,3 +74,21 @@ def measure(
             side.rounds.append(time_calls(side.session, side.prepared, n))
         if on_round:
             on_round(r + 1)
+
+
+def interleaved_p50(
+    sessions: dict[str, Session], prepared: dict[str, Any], rounds: int, iterations: int
+) -> dict[str, float]:
+    """P50 (ms) of several sessions timed in turns, round by round (order flipped every round), for
+    side-by-side comparisons in scripts. Each block starts with one untimed call, as in `measure`."""
+    import numpy as np
+
+    for name, session in sessions.items():
+        warm_up(session, prepared[name], 2)
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
+    order = list(sessions)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            sessions[name].run(prepared[name])
+            samples[name] += time_calls(sessions[name], prepared[name], iterations)
+    return {name: float(np.median(x)) for name, x in samples.items()}

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.accuracy import AccuracyMeter, budget_verdict
+from optimizer.accuracy import AccuracyMeter, budget_verdict, mask_of
 from optimizer.artifact import Artifact
 from optimizer.benchmark import Timed, measure, warm_up
 from optimizer.inputs import FeedSet
@@ -22,6 +22,9 @@ from optimizer.recipe import Recipe
 from optimizer.runners import runner_for
 from optimizer.runners.base import Session
 from optimizer.stats import LatencyStats, speedup
+
+# Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
+MEASURE_VERSION = 2
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -41,9 +44,9 @@ def _accuracy(session: Session, feeds: FeedSet, reference: Reference) -> dict[st
     outputs = run_all(session, feeds)
     names = session.output_names
     meter = AccuracyMeter(names)
-    for scenario, samples in outputs.items():
-        for ref, got in zip(reference[scenario], samples, strict=True):
-            meter.add(ref, got)
+    for sf in feeds:
+        for ref, got, feed in zip(reference[sf.scenario.name], outputs[sf.scenario.name], sf.samples, strict=True):
+            meter.add(ref, got, mask_of(feed))
     return meter.to_json()
 
 

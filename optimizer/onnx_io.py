@@ -62,3 +62,38 @@ def graph_stats(artifact: Artifact) -> dict[str, Any]:
         return {}
     hist = op_histogram(artifact.path)
     return {"nodes": sum(hist.values()), "op_types": hist}
+
+
+SCOPE_KEY = "pkg.torch.onnx.name_scopes"
+
+
+def node_scopes(model: Any) -> dict[str, str]:
+    """node name -> the PyTorch module it came from (from the dynamo exporter's name_scopes metadata)."""
+    import ast
+
+    out = {}
+    for node in model.graph.node:
+        for prop in node.metadata_props:
+            if prop.key == SCOPE_KEY:
+                try:
+                    scopes = ast.literal_eval(prop.value)
+                except (ValueError, SyntaxError):
+                    continue
+                modules = [s for s in scopes[:-1] if s]
+                if modules:
+                    out[node.name] = modules[-1]
+    return out
+
+
+def carry_metadata(src: Any, dst: Any) -> None:
+    """Copy node metadata (module scopes) from src to dst by node name; a new node named `<old>_<suffix>`
+    inherits the metadata of <old>, so fused nodes still say which module they came from."""
+    by_name = {n.name: list(n.metadata_props) for n in src.graph.node if n.metadata_props}
+    for node in dst.graph.node:
+        if node.metadata_props:
+            continue
+        name = node.name
+        while name and name not in by_name and "_" in name:
+            name = name.rsplit("_", 1)[0]
+        for prop in by_name.get(name, []):
+            node.metadata_props.add(key=prop.key, value=prop.value)

@@ -7,7 +7,7 @@ A real failure raises PassError; the pipeline records the stage as failed and ke
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -36,7 +36,8 @@ class PassContext:
     stage_dir: Path
     feeds: FeedSet
     done: tuple[str, ...] = ()
-    log: list[str] = field(default_factory=list)
+    # progress(what, done, total): long passes (calibration, searches) report through it.
+    progress: Callable[[str, int, int], None] = field(default=lambda what, done, total: None)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from optimizer import rundir as rd
 from optimizer.artifact import Artifact
 from optimizer.errors import OptimizerError, PassError
 from optimizer.inputs import FeedSet, build_feeds
-from optimizer.measure import Reference, measure_stage
+from optimizer.measure import MEASURE_VERSION, Reference, measure_stage
 from optimizer.pass_base import PassContext
 from optimizer.recipe import SOURCE_STAGE, Recipe, recipe_dict
 from optimizer.registry import pass_class
@@ -140,8 +140,8 @@ class Pipeline:
             rec.status, rec.reason = "failed", e.message
         except OptimizerError as e:
             rec.status, rec.reason = "failed", str(e)
-        except (MemoryError, RuntimeError, ValueError, OSError) as e:
-            # A library blew up in a way it does not document; keep the run and say what happened.
+        except Exception as e:
+            # A library (or our code) blew up in a way it does not document: keep the run, say what happened.
             rec.status, rec.reason = (
                 "failed",
                 f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
@@ -206,7 +206,7 @@ class Pipeline:
         else:
             self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
             building = self.run.building_dir(rec.index, rec.name)
-            ctx = PassContext(self.recipe, rec.name, building, self.feeds, done)
+            ctx = PassContext(self.recipe, rec.name, building, self.feeds, done, self._progress(rec))
             start = time.perf_counter()
             try:
                 result = instance.run(parent.artifact, ctx)
@@ -252,6 +252,7 @@ class Pipeline:
         against = self.record(self.record(rec.parent).measured_against or SOURCE_STAGE) if rec.parent else None
         settings = recipe_dict(self.recipe)
         key = rd.content_hash(
+            MEASURE_VERSION,
             rec.key,
             against.key if against else None,
             settings["benchmark"],

@@ -13,6 +13,7 @@ PASSES: dict[str, str] = {
     "ort_session": "passes.ort_session:OrtSessionPass",
     "fuse": "passes.fuse:FusePass",
     "ort_transformers": "passes.ort_transformers:OrtTransformersPass",
+    "quantize": "passes.quantize:QuantizePass",
 }
 
 

@@ -14,11 +14,10 @@ import argparse
 import copy
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from optimizer.artifact import Artifact
-from optimizer.benchmark import time_calls
+from optimizer.benchmark import interleaved_p50
 from optimizer.inputs import build_feeds
 from optimizer.pipeline import Pipeline
 from optimizer.recipe import load_recipe, parse_recipe
@@ -63,18 +62,10 @@ def build(recipe, out: Path) -> dict[str, Artifact]:  # type: ignore[no-untyped-
 
 def compare(recipe, artifacts: dict[str, Artifact], rounds: int, iterations: int) -> None:  # type: ignore[no-untyped-def]
     feeds = build_feeds(recipe, 1)
-    runners = {v: OrtRunner(a, recipe) for v, a in artifacts.items()}
-    sessions = {v: r.load().__enter__() for v, r in runners.items()}
+    sessions = {v: OrtRunner(a, recipe).load().__enter__() for v, a in artifacts.items()}
     for sf in feeds:
         prepared = {v: s.prepare(sf.timing) for v, s in sessions.items()}
-        for v, s in sessions.items():
-            time_calls(s, prepared[v], 2)
-        samples: dict[str, list[float]] = {v: [] for v in sessions}
-        order = list(sessions)
-        for r in range(rounds):
-            for v in order if r % 2 == 0 else order[::-1]:
-                samples[v] += time_calls(sessions[v], prepared[v], iterations)
-        p50 = {v: float(np.median(x)) for v, x in samples.items()}
+        p50 = interleaved_p50(sessions, prepared, rounds, iterations)
         print(
             f"| {sf.scenario.name} | "
             + " | ".join(f"{p50[v]:.1f}" for v in VARIANTS)

@@ -97,7 +97,8 @@ class FusePass(Pass):
         cfg: FuseConfig = self.config  # type: ignore[assignment]
         target = ctx.recipe.target.device if cfg.target == "auto" else cfg.target
         assert artifact.path is not None
-        graph = gs.import_onnx(onnx_io.load(artifact.path))
+        source_model = onnx_io.load(artifact.path)
+        graph = gs.import_onnx(source_model)
         name_nodes(graph)
         opset = int(graph.opset)
         before = Counter(n.op for n in graph.nodes)
@@ -113,6 +114,7 @@ class FusePass(Pass):
             graph.cleanup().toposort()
         model = gs.export_onnx(graph)
         add_contrib_opset(model)
+        onnx_io.carry_metadata(source_model, model)
         path = ctx.stage_dir / "model.onnx"
         external = onnx_io.save(model, path)
         out = Artifact("onnx", path, dict(artifact.runtime), {**artifact.meta, "external_data": external})

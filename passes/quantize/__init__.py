@@ -1,0 +1,198 @@
+"""The `quantize` pass: int8_dynamic, int8_static (QDQ), fp16, and hybrid under an accuracy budget.
+
+See modes.py for the plain modes and hybrid.py for the per-node search. The stage's accuracy is judged by
+the pipeline against stage 0 on the recipe's accuracy inputs; the pass itself only uses calibration inputs,
+which are kept apart from those (calibration.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Literal
+
+from pydantic import Field
+
+from optimizer.artifact import Artifact
+from optimizer.errors import PassError
+from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+from passes.quantize.modes import DEFAULT_OPS
+
+
+class Calibration(PassConfig):
+    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    samples: int = Field(default=16, ge=1, description="calibration inputs (text from the end of the file)")
+    percentile: float = Field(default=99.999, gt=50, le=100)
+
+
+class HybridSettings(PassConfig):
+    min_cosine: float | None = Field(default=None, description="default: the recipe's accuracy budget (cosine)")
+    margin: float = Field(default=0.002, ge=0, description="head-room kept on the search inputs")
+
+
+class QuantizeConfig(PassConfig):
+    mode: Literal["int8_dynamic", "int8_static", "fp16", "hybrid"]
+    per_channel: bool = True
+    symmetric_activations: bool = False
+    op_types: list[str] = Field(default_factory=lambda: list(DEFAULT_OPS))
+    exclude_nodes: list[str] = Field(default_factory=list)
+    calibration: Calibration = Field(default_factory=Calibration)
+    keep_io_types: bool = True
+    op_block_list: list[str] = Field(default_factory=list, description="fp16: op types kept in FP32")
+    node_block_list: list[str] = Field(default_factory=list, description="fp16: nodes kept in FP32")
+    hybrid: HybridSettings = Field(default_factory=HybridSettings)
+
+
+class QuantizePass(Pass):
+    name = "quantize"
+    summary = "INT8 (dynamic, static QDQ), FP16, and hybrid INT8/FP32 chosen per node under the accuracy budget"
+    Config = QuantizeConfig
+    consumes = frozenset({"onnx"})
+
+    @classmethod
+    def environment_reason(cls) -> str | None:
+        import importlib.util
+
+        return None if importlib.util.find_spec("onnxruntime") else "onnxruntime is not installed"
+
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        if cfg.mode == "hybrid" and ctx.recipe.target.device != "cpu":
+            return "hybrid INT8/FP16 for CUDA is not implemented yet (the CPU search uses FP32 as high precision)"
+        return super().skip_reason(artifact, ctx)
+
+    def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        import onnx
+
+        from optimizer import onnx_io
+        from passes.quantize import modes
+        from passes.quantize.calibration import FeedReader, calibration_feeds
+
+        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        assert artifact.path is not None
+        src = self._named_input(artifact, ctx)
+        dst = ctx.stage_dir / "model.onnx"
+        notes: dict[str, object] = {"mode": cfg.mode}
+        progress = ctx.progress
+        try:
+            if cfg.mode == "int8_dynamic":
+                modes.int8_dynamic(src, dst, cfg.per_channel, cfg.op_types, None, cfg.exclude_nodes)
+            elif cfg.mode == "int8_static":
+                feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, progress)
+                notes["calibration"] = {**info, "method": cfg.calibration.method}
+                reader = FeedReader(feeds, ctx.feeds.input_names)
+                modes.int8_static(
+                    src,
+                    dst,
+                    reader,
+                    cfg.calibration.method,
+                    cfg.per_channel,
+                    cfg.symmetric_activations,
+                    cfg.op_types,
+                    cfg.exclude_nodes,
+                    cfg.calibration.percentile,
+                )
+            elif cfg.mode == "fp16":
+                model = modes.fp16(onnx_io.load(src), cfg.keep_io_types, cfg.op_block_list, cfg.node_block_list)
+                onnx_io.save(model, dst)
+            else:
+                notes.update(self._hybrid(src, dst, artifact, ctx, cfg, progress))
+        except PassError:
+            raise
+        except Exception as e:
+            raise PassError(ctx.stage_name, f"{cfg.mode} quantization failed: {e}", ctx.done) from e
+        finally:
+            if src != artifact.path:
+                src.unlink(missing_ok=True)
+        model = onnx_io.load(dst, with_weights=False)
+        counts: dict[str, int] = {}
+        for node in model.graph.node:
+            if node.op_type in (
+                "DynamicQuantizeLinear",
+                "QuantizeLinear",
+                "QAttention",
+                "MatMulInteger",
+                "DynamicQuantizeMatMul",
+                "Cast",
+            ):
+                counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        notes["quantization_ops"] = counts
+        external = (
+            [t.external_data[0].value for t in model.graph.initializer if t.external_data]
+            if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+            else []
+        )
+        out = Artifact("onnx", dst, dict(artifact.runtime), {**artifact.meta, "external_data": sorted(set(external))})
+        return PassResult(out, modified=True, notes=notes)
+
+    def _named_input(self, artifact: Artifact, ctx: PassContext):  # type: ignore[no-untyped-def]
+        """ORT's quantizer picks nodes by name: give unnamed nodes names (in a temporary copy) if needed."""
+        from optimizer import onnx_io
+
+        assert artifact.path is not None
+        model = onnx_io.load(artifact.path, with_weights=False)
+        if all(n.name for n in model.graph.node):
+            return artifact.path
+        model = onnx_io.load(artifact.path)
+        for i, node in enumerate(model.graph.node):
+            node.name = node.name or f"{node.op_type}_{i}"
+        path = ctx.stage_dir / "input_named.onnx"
+        onnx_io.save(model, path)
+        return path
+
+    def _hybrid(self, src, dst, artifact, ctx, cfg, progress) -> dict[str, object]:  # type: ignore[no-untyped-def]
+        from optimizer import onnx_io
+        from optimizer.threads import target_threads
+        from passes.quantize import hybrid, modes
+        from passes.quantize.calibration import calibration_feeds
+
+        budget = cfg.hybrid.min_cosine
+        if budget is None:
+            acc = ctx.recipe.accuracy
+            budget = acc.min if acc.metric == "cosine" and acc.min is not None else 0.99
+        feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, progress)
+        graph_only = onnx_io.load(src, with_weights=False)
+        scopes = onnx_io.node_scopes(graph_only)
+        nodes = [n for n in modes.quantizable_nodes(graph_only, cfg.op_types) if n not in cfg.exclude_nodes]
+        evaluator = hybrid.Evaluator(
+            src, feeds, ctx.recipe.accuracy.output, artifact.runtime, target_threads(ctx.recipe)
+        )
+        state = hybrid.Search(budget=budget, margin=cfg.hybrid.margin)
+        work = ctx.stage_dir / "search"
+        work.mkdir()
+        chosen = hybrid.search(src, work, nodes, evaluator, state, cfg.per_channel, cfg.op_types, progress)
+        if chosen:
+            shutil.copyfile(work / "chosen.onnx", dst)
+        else:
+            shutil.copyfile(src, dst)
+        shutil.rmtree(work)
+        table = sorted(
+            (
+                {
+                    "node": n,
+                    "module": scopes.get(n, "?"),
+                    "sensitivity": s,
+                    "precision": "int8" if n in chosen else "fp32",
+                }
+                for n, s in state.sensitivity.items()
+            ),
+            key=lambda r: -r["sensitivity"],
+        )
+        (ctx.stage_dir / "sensitivity.json").write_text(json.dumps(table, indent=1))
+        (ctx.stage_dir / "hybrid_search.json").write_text(json.dumps(state.points, indent=1))
+        verdict = (
+            f"{len(chosen)} of {len(nodes)} nodes INT8, the rest FP32"
+            if chosen
+            else f"no INT8 set met cosine >= {budget} + margin {cfg.hybrid.margin}: every node kept in FP32"
+        )
+        return {
+            "budget_cosine": budget,
+            "margin": cfg.hybrid.margin,
+            "calibration": info,
+            "decision": verdict,
+            "int8_nodes": chosen,
+            "fp32_nodes": [n for n in nodes if n not in chosen],
+            "most_sensitive": table[:5],
+            "search_points": state.points,
+            "files": ["sensitivity.json", "hybrid_search.json"],
+        }
