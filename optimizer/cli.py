@@ -89,6 +89,9 @@ def compile_(
         )
     if interrupted:
         _fail("interrupted; finished stages are kept and a re-run resumes from them", 130)
+    source = report["stages"][0] if report else None
+    if source and source["status"] == "failed" and source["notes"].get("error_kind") == "input":
+        _fail(f"{recipe}: {source['reason']}", 2)
     if report and report["failed_stages"]:
         _fail(f"failed stages: {', '.join(report['failed_stages'])} (see the table above)", 1)
 

@@ -83,6 +83,8 @@ def _tokenizer(recipe: Recipe):  # type: ignore[no-untyped-def]
 
 def build_feeds(recipe: Recipe, samples: int) -> FeedSet:
     """`samples` feeds per scenario; text sentences are taken in order, so sample k differs from sample k+1."""
+    if recipe.data_file:
+        return _from_file(recipe, samples)
     rng = np.random.default_rng(recipe.seed)
     sentences = read_sentences(recipe) if recipe.text else []
     tokenizer = _tokenizer(recipe) if recipe.text else None
@@ -115,3 +117,18 @@ def build_feeds(recipe: Recipe, samples: int) -> FeedSet:
     if not names:
         raise InputError("inputs: the recipe names no inputs (give `inputs` or `text`)")
     return FeedSet(names, by_scenario)
+
+
+def _from_file(recipe: Recipe, samples: int) -> FeedSet:
+    path = recipe.resolve(recipe.data_file or "")
+    try:
+        with np.load(path) as data:
+            feed = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputError(f"data_file: cannot read {path} ({e})") from None
+    names = [s.name for s in recipe.inputs] or list(feed)
+    missing = [n for n in names if n not in feed]
+    if missing:
+        raise InputError(f"data_file: {path} has no arrays for {missing}")
+    feed = {n: feed[n] for n in names}
+    return FeedSet(names, {s.name: ScenarioFeeds(s, [feed] * samples) for s in recipe.scenarios})

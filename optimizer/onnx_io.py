@@ -22,12 +22,31 @@ def load(path: Path, with_weights: bool = True) -> Any:
         raise OptimizerError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
 
 
+def weight_bytes(model: Any) -> int:
+    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+
+
+def needs_external_data(model: Any) -> bool:
+    """Past the threshold the weights go to a side file: one protobuf message cannot exceed 2 GiB."""
+    return weight_bytes(model) >= EXTERNAL_DATA_THRESHOLD
+
+
+def check(path: Path) -> None:
+    """onnx.checker on a file (by path, so models with external data and past 2 GB are checked too)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OptimizerError(f"{path}: fails onnx.checker: {first}") from e
+
+
 def save(model: Any, path: Path) -> list[str]:
     """Save model to path; returns the external data file names (empty when it fits in one file)."""
     import onnx
 
-    size = model.ByteSize() if hasattr(model, "ByteSize") else 0
-    if size < EXTERNAL_DATA_THRESHOLD:
+    if not needs_external_data(model):
         try:
             onnx.save(model, str(path))
             return []

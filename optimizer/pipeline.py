@@ -18,7 +18,7 @@ import numpy as np
 
 from optimizer import rundir as rd
 from optimizer.artifact import Artifact
-from optimizer.errors import OptimizerError, PassError
+from optimizer.errors import InputError, OptimizerError, PassError
 from optimizer.inputs import FeedSet, build_feeds
 from optimizer.measure import MEASURE_VERSION, Reference, measure_stage
 from optimizer.pass_base import PassContext
@@ -92,7 +92,11 @@ class Pipeline:
         for i, spec in enumerate(self.recipe.passes, start=1):
             parent = spec.from_ or self.records[-1].name
             self.records.append(StageRecord(i, spec.stage_name, spec.type, parent))
-        self.feeds = build_feeds(self.recipe, self.recipe.accuracy.samples)
+        try:
+            self.feeds = build_feeds(self.recipe, self.recipe.accuracy.samples)
+        except BaseException:
+            self.run.release()
+            raise
         self.feeds_key = _feeds_hash(self.feeds)
         stop_reason: str | None = None
         current: StageRecord | None = None
@@ -115,6 +119,8 @@ class Pipeline:
                     rec.status, rec.reason = "not run", "the run was interrupted"
             self._notify()
             raise
+        finally:
+            self.run.release()
         return self.records
 
     def record(self, name: str) -> StageRecord:
@@ -138,6 +144,9 @@ class Pipeline:
                 self._measure(rec)
         except PassError as e:
             rec.status, rec.reason = "failed", e.message
+        except InputError as e:
+            rec.status, rec.reason = "failed", str(e)
+            rec.notes["error_kind"] = "input"  # the recipe's inputs do not fit the model: a usage error
         except OptimizerError as e:
             rec.status, rec.reason = "failed", str(e)
         except Exception as e:

@@ -138,6 +138,7 @@ class Recipe(Strict):
     model: ModelSource
     inputs: list[InputSpec] = Field(default_factory=list)
     text: TextInputs | None = None
+    data_file: str | None = Field(default=None, description=".npz with one array per input: used as every sample")
     outputs: list[str] | None = Field(default=None, description="output names; default: all tensor outputs")
     scenarios: list[Scenario] = Field(min_length=1)
     target: Target = Field(default_factory=Target)

@@ -57,8 +57,36 @@ class RunDir:
             from optimizer.errors import OptimizerError
 
             raise OptimizerError(f"{self.root}: cannot write the run folder ({e.strerror or e})") from None
+        self._lock()
         for leftover in self.root.glob(".building-*"):
             shutil.rmtree(leftover, ignore_errors=True)
+
+    def _lock(self) -> None:
+        """One writer per run folder: a second compile into it is refused, not interleaved."""
+        import fcntl
+
+        from optimizer.errors import OptimizerError
+
+        path = self.root / ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OptimizerError(
+                f"{self.root}: another optimizer run (pid {holder}) is writing to this run folder; "
+                "wait for it to finish or give another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd  # held until release() or the process ends
+
+    def release(self) -> None:
+        fd = getattr(self, "_lock_fd", None)
+        if fd is not None:
+            os.close(fd)
+            self._lock_fd = None
 
     @staticmethod
     def folder_name(index: int, name: str) -> str:

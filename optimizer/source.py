@@ -24,6 +24,19 @@ def _check_torch_inputs(module: Any, names: list[str]) -> None:
             )
 
 
+def _check_sequence_lengths(module: Any, recipe: Recipe) -> None:
+    config = getattr(module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not isinstance(limit, int):
+        return
+    for i, scen in enumerate(recipe.scenarios):
+        if scen.seq > limit:
+            raise InputError(
+                f"scenarios[{i}].seq: {scen.seq} is longer than the model takes (its positions stop at {limit}); "
+                f"use seq <= {limit}"
+            )
+
+
 def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
     names = list(feeds.input_names)
     if isinstance(recipe.model, OnnxSource):
@@ -31,6 +44,7 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
 
         path = recipe.resolve(recipe.model.path).resolve()
         model = onnx_io.load(path, with_weights=False)
+        onnx_io.check(path)
         graph_inputs = [i.name for i in model.graph.input]
         initializers = {t.name for t in model.graph.initializer}
         needed = [n for n in graph_inputs if n not in initializers]
@@ -54,6 +68,7 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
 
     module = load_module(recipe)
     _check_torch_inputs(module, names)
+    _check_sequence_lengths(module, recipe)
     first = next(iter(feeds)).timing
     returned = discover_outputs(module, names, [torch.from_numpy(first[n]) for n in names])
     for i, name in enumerate(recipe.outputs or []):

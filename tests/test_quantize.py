@@ -65,8 +65,9 @@ def test_hybrid_chooses_int8_within_budget(tmp_path: Path) -> None:
 
 
 def test_hybrid_budget_too_tight_keeps_fp32(tmp_path: Path) -> None:
-    q = run_mode(tmp_path, {"mode": "hybrid", "calibration": {"samples": 4},
-                            "hybrid": {"min_cosine": 0.99999999, "margin": 0.0}})
+    q = run_mode(
+        tmp_path, {"mode": "hybrid", "calibration": {"samples": 4}, "hybrid": {"min_cosine": 0.99999999, "margin": 0.0}}
+    )
     assert q.notes["int8_nodes"] == []
     assert "every node kept in FP32" in q.notes["decision"]
     assert "DynamicQuantizeLinear" not in ops(q)

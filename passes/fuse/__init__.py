@@ -55,8 +55,11 @@ def _rules() -> dict[str, Callable]:  # type: ignore[type-arg]
         from optimizer.quiet import quiet
 
         before = len(graph.nodes)
-        with quiet():  # GraphSurgeon logs advice about colours and folded tensor sizes to stdout
-            graph.fold_constants(error_ok=True).cleanup()
+        try:
+            with quiet():  # GraphSurgeon logs advice about colours and folded tensor sizes to stdout
+                graph.fold_constants(error_ok=True).cleanup()
+        except Exception as e:  # GraphSurgeon's folding cannot evaluate some graphs (sequence-typed values)
+            return RuleReport(misses=[f"constant folding skipped: GraphSurgeon could not fold this graph ({e})"])
         return RuleReport(fused=before - len(graph.nodes))
 
     return {
@@ -92,7 +95,7 @@ class FusePass(Pass):
         from passes.fuse.check import compare_graphs
         from passes.fuse.context import RuleContext
         from passes.fuse.graph import name_nodes
-        from passes.fuse.probe import add_contrib_opset, run_probe
+        from passes.fuse.probe import add_contrib_opset, mask_input_name, probe_values, run_probe
 
         cfg: FuseConfig = self.config  # type: ignore[assignment]
         target = ctx.recipe.target.device if cfg.target == "auto" else cfg.target
@@ -105,7 +108,15 @@ class FusePass(Pass):
         try:
             feed, values = run_probe(graph, ctx.recipe)
         except Exception as e:
-            raise PassError(ctx.stage_name, f"probe run of the input graph failed: {e}", ctx.done) from e
+            # Generated probe values can be out of a model's domain (token ids past an embedding). Without an
+            # attention mask to classify, the recipe's own first input probes just as well.
+            if mask_input_name(graph) is not None:
+                raise PassError(ctx.stage_name, f"probe run of the input graph failed: {e}", ctx.done) from e
+            feed = dict(next(iter(ctx.feeds)).timing)
+            try:
+                values = probe_values(graph, feed)
+            except Exception as e2:
+                raise PassError(ctx.stage_name, f"probe run of the input graph failed: {e2}", ctx.done) from e2
         rctx = RuleContext(target, opset, feed, values)
         available = _rules()
         reports = {}

@@ -8,12 +8,15 @@ and causal masks look different from each other and from no mask at all.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from optimizer import onnx_io
 from optimizer.recipe import InputSpec, Recipe, Scenario
 
 PROBE_BATCH, PROBE_SEQ, PADDED = 2, 8, 3
@@ -72,7 +75,13 @@ def probe_values(graph: gs.Graph, feed: dict[str, np.ndarray]) -> dict[str, np.n
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory() as tmp:
+        if onnx_io.needs_external_data(model):  # too big for one in-memory message
+            onnx_io.save(model, Path(tmp) / "probe.onnx")
+            source: Any = str(Path(tmp) / "probe.onnx")
+        else:
+            source = model.SerializeToString()
+        session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, {i.name: feed[i.name] for i in session.get_inputs()}), strict=True))
 

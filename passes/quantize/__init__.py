@@ -62,7 +62,6 @@ class QuantizePass(Pass):
         return super().skip_reason(artifact, ctx)
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        import onnx
 
         from optimizer import onnx_io
         from passes.quantize import modes
@@ -117,12 +116,12 @@ class QuantizePass(Pass):
             ):
                 counts[node.op_type] = counts.get(node.op_type, 0) + 1
         notes["quantization_ops"] = counts
-        external = (
-            [t.external_data[0].value for t in model.graph.initializer if t.external_data]
-            if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-            else []
-        )
-        out = Artifact("onnx", dst, dict(artifact.runtime), {**artifact.meta, "external_data": sorted(set(external))})
+        # Re-save through the one helper, so every stage follows the same external-data policy.
+        full = onnx_io.load(dst)
+        for leftover in ctx.stage_dir.glob("*.data"):
+            leftover.unlink()
+        external = onnx_io.save(full, dst)
+        out = Artifact("onnx", dst, dict(artifact.runtime), {**artifact.meta, "external_data": external})
         return PassResult(out, modified=True, notes=notes)
 
     def _named_input(self, artifact: Artifact, ctx: PassContext):  # type: ignore[no-untyped-def]
