@@ -18,12 +18,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Model optimi
 # Piped output (CI logs, files) gets a width that fits the stage table instead of rich's default 80.
 out = Console() if Console().is_terminal else Console(width=160)
 err = Console(stderr=True) if Console(stderr=True).is_terminal else Console(stderr=True, width=1000)
-STATE: dict[str, bool] = {"debug": False}
+STATE: dict[str, Any] = {"debug": False, "history": None}
 
 
 @app.callback()
-def _main(debug: bool = typer.Option(False, "--debug", help="show tracebacks")) -> None:
+def _main(
+    debug: bool = typer.Option(False, "--debug", help="show tracebacks"),
+    history: Path | None = typer.Option(None, "--history", help="run history database (default: user data dir)"),
+) -> None:
     STATE["debug"] = debug
+    STATE["history"] = history
 
 
 def _fail(message: str, code: int) -> None:
@@ -51,6 +55,7 @@ def compile_(
     out_dir: Path | None = typer.Option(None, "--out", help="run folder (default: runs/<recipe name>)"),
     no_cache: bool = typer.Option(False, "--no-cache", help="recompute every stage"),
     no_bench: bool = typer.Option(False, "--no-bench", help="build the artifacts only; measure nothing"),
+    no_history: bool = typer.Option(False, "--no-history", help="do not record this run in the history"),
 ) -> None:
     """Run a recipe: every stage into its own folder, each benchmarked; prints the per-stage table."""
     from optimizer.console import ConsoleEvents, stage_tables
@@ -71,6 +76,10 @@ def compile_(
         except KeyboardInterrupt:
             interrupted, records = True, pipeline.records
     report = write_report(r, records, run_dir, time.perf_counter() - start) if records else None
+    if report and not no_history:
+        from optimizer.history import record
+
+        report["history_id"] = record(report, STATE["history"])
     if report:
         for table in stage_tables(report):
             out.print(table)
@@ -84,8 +93,10 @@ def compile_(
         )
         for line in report["findings"]:
             out.print(f"[yellow]![/] {line}", highlight=False)
+        run_id = report.get("history_id")
         out.print(
-            f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}  (wall time {report['wall_seconds']:.0f} s)"
+            f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}, {run_dir / 'report.html'}  "
+            f"(wall time {report['wall_seconds']:.0f} s{f', run id {run_id}' if run_id else ''})"
         )
     if interrupted:
         _fail("interrupted; finished stages are kept and a re-run resumes from them", 130)
@@ -117,6 +128,8 @@ def passes() -> None:
 
 
 def main() -> None:
+    import optimizer.cli_runs  # noqa: F401 - registers runs, diff, export, verify, bench
+
     try:
         rc = app(standalone_mode=False)
         sys.exit(rc if isinstance(rc, int) else 0)
@@ -131,9 +144,7 @@ def main() -> None:
         err.print("[red]error:[/] interrupted")
         sys.exit(130)
     except Exception as e:  # click usage errors and the unexpected: one line unless --debug
-        import click
-
-        if isinstance(e, click.ClickException):
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):  # click's usage errors
             e.show()
             sys.exit(e.exit_code)
         if STATE["debug"]:
@@ -143,4 +154,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run through the importable module, so commands registered on optimizer.cli.app (cli_runs) are found.
+    from optimizer.cli import main as _main_entry
+
+    _main_entry()

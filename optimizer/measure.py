@@ -24,7 +24,7 @@ from optimizer.runners.base import Session
 from optimizer.stats import LatencyStats, speedup
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 2
+MEASURE_VERSION = 4
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -101,12 +101,21 @@ def measure_stage(
                 "latency": stats.to_json(),
                 "throughput": _throughput(recipe, name, stats.mean_ms),
                 "iterations": len(child.samples()),
+                # Kept so that runs can be compared later (optimizer diff) with their real spread.
+                "samples_ms": [round(x, 4) for x in child.samples()],
             }
             if other is not None:
                 entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
                 entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()
             scenarios[name] = entry
+        op_times = {}
+        if artifact.kind == "onnx":
+            from optimizer.runners.ort_runner import op_time_breakdown
+
+            progress("profiling op types", 0, 0)
+            op_times = op_time_breakdown(artifact, recipe, next(iter(feeds)).timing)
         metrics = {
+            "op_time_ms": op_times,  # per run, first scenario, from ORT's profiler (a separate session)
             "runtime": session.describe(),
             "memory_mb": memory_mb,
             "accuracy": accuracy,

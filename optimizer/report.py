@@ -228,4 +228,7 @@ def write_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
     report = build_report(recipe, records, out_dir, wall_seconds)
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", to_markdown(report))
+    from optimizer.html_report import to_html
+
+    write_text(out_dir / "report.html", to_html(report))
     return report

@@ -38,3 +38,11 @@ def write_recipe(folder: Path, data: dict[str, Any], name: str = "recipe.yaml") 
 @pytest.fixture
 def tiny_recipe(tmp_path: Path) -> Path:
     return write_recipe(tmp_path, mlp_recipe())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_history(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Compiles run by tests record into a throwaway history, never the user's."""
+    import os
+
+    os.environ["OPTIMIZER_HISTORY"] = str(tmp_path_factory.mktemp("history") / "history.sqlite")

@@ -1,0 +1,118 @@
+"""Commands on finished runs: runs, diff, export, verify, bench (registered on the main app in cli.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from optimizer.cli import STATE, _fail, app, out
+from optimizer.errors import OptimizerError
+
+
+@app.command()
+def runs(
+    recipe: str | None = typer.Option(None, "--recipe", help="only runs of this recipe name"),
+    limit: int = typer.Option(20, "--limit"),
+) -> None:
+    """List recorded runs (newest first); their ids work with `diff` and `export`."""
+    from optimizer.history import default_path, list_runs
+
+    table = Table(header_style="bold", title=str(STATE["history"] or default_path()), title_justify="left")
+    for col in ("id", "created", "recipe", "model", "device", "outcome", "run folder"):
+        table.add_column(col)
+    for r in list_runs(STATE["history"], recipe, limit):
+        table.add_row(str(r["id"]), r["created"], r["recipe"], r["model"], r["device"], r["outcome"], r["run_dir"])
+    out.print(table)
+
+
+@app.command()
+def diff(
+    a: str = typer.Argument(..., help="run folder, report.json or run id"),
+    b: str = typer.Argument(..., help="run folder, report.json or run id"),
+    fmt: str = typer.Option("table", "--format", help="table | md | json"),
+    fail_on_regression: float | None = typer.Option(
+        None, "--fail-on-regression", help="exit 3 when any stage is slower by more than PCT percent, beyond noise"
+    ),
+) -> None:
+    """Compare two runs stage by stage: latency both sides, ratio, noise verdict, accuracy change."""
+    from optimizer.diff import diff_reports, regressions, table_rows, to_markdown
+    from optimizer.history import load_report
+
+    if fmt not in ("table", "md", "json"):
+        raise OptimizerError(f"--format: {fmt!r} is not one of table, md, json")
+    d = diff_reports(load_report(a, STATE["history"]), load_report(b, STATE["history"]))
+    if fmt == "json":
+        print(json.dumps(d, indent=2))
+    elif fmt == "md":
+        print(to_markdown(d))
+    else:
+        rows = table_rows(d)
+        table = Table(
+            header_style="bold",
+            title=f"A: {d['a']['run_dir']}  vs  B: {d['b']['run_dir']}",
+            title_justify="left",
+            caption="A/B > 1: B is faster; interval: 95% bootstrap of the ratio",
+        )
+        for col in rows[0] if rows else []:
+            table.add_column(col, justify="left" if col in ("scenario", "stage", "verdict") else "right")
+        for row in rows:
+            style = "red" if "SLOWER" in row["verdict"] else "green" if "faster" in row["verdict"] else ""
+            table.add_row(*row.values(), style=style)
+        out.print(table)
+        for r in d["totals"]:
+            out.print(
+                f"final stage {d['final_stage']} on {r['scenario']}: {r['p50_a']:.2f} -> {r['p50_b']:.2f} ms "
+                f"({r['ratio']:.2f}x, {r['verdict']})"
+            )
+    if fail_on_regression is not None:
+        found = regressions(d, fail_on_regression)
+        if found:
+            _fail(f"regression beyond {fail_on_regression}%: " + "; ".join(found), 3)
+
+
+@app.command("export")
+def export_(
+    run: str = typer.Argument(..., help="run folder, report.json or run id"),
+    stage: str = typer.Option("best", "--stage", help="stage name, or best: fastest within the accuracy budget"),
+    fmt: str = typer.Option("onnx", "--format", help="onnx | tensorrt | triton"),
+    out_dir: Path = typer.Option(..., "--out", help="bundle folder (must be new or empty)"),
+) -> None:
+    """Write a deployable bundle: model, manifest.json (checksums, I/O, numbers), reference inputs/outputs."""
+    from optimizer.bundle import export_bundle
+    from optimizer.history import load_report
+
+    if fmt not in ("onnx", "tensorrt", "triton"):
+        raise OptimizerError(f"--format: {fmt!r} is not one of onnx, tensorrt, triton")
+    root = export_bundle(load_report(run, STATE["history"]), stage, fmt, out_dir)
+    out.print(f"[green]exported[/] {root} ({fmt})")
+
+
+@app.command()
+def verify(bundle: Path = typer.Argument(..., help="bundle folder")) -> None:
+    """Check a bundle: every checksum, then its outputs on the reference inputs within the recorded tolerance."""
+    from optimizer.bundle import verify_bundle
+
+    problems = verify_bundle(bundle)
+    if problems:
+        _fail(f"{bundle}: " + "; ".join(problems), 1)
+    out.print(f"[green]ok[/] {bundle}: checksums match, outputs within tolerance")
+
+
+@app.command()
+def bench(
+    bundle: Path = typer.Argument(..., help="bundle folder"),
+    rounds: int = typer.Option(10, "--rounds"),
+    iterations: int = typer.Option(10, "--iterations"),
+) -> None:
+    """Time a bundle on its reference inputs with the benchmark harness."""
+    from optimizer.bundle import bench_bundle
+
+    for scen, m in bench_bundle(bundle, rounds, iterations).items():
+        lat, rec = m["latency"], m["recorded_p50_ms"]
+        out.print(
+            f"{scen}: P50 {lat['p50_ms']:.2f} ms, P99 {lat['p99_ms']:.2f} ms, CV {lat['cv']:.2%}"
+            + (f" (recorded at compile: P50 {rec:.2f} ms)" if rec else "")
+        )
