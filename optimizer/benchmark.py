@@ -27,6 +27,7 @@ class Timed:
     session: Session
     prepared: Any
     rounds: list[list[float]] = field(default_factory=list)
+    device_rounds: list[list[float]] = field(default_factory=list)  # GPU time per call (CUDA events)
 
     def samples(self) -> list[float]:
         return [x for r in self.rounds for x in r]
@@ -42,6 +43,20 @@ def time_calls(session: Session, prepared: Any, n: int) -> list[float]:
         run(prepared)
         out.append((clock() - t0) / 1e6)
     return out
+
+
+def time_calls_device(session: Session, prepared: Any, n: int) -> tuple[list[float], list[float]]:
+    """n timed calls on a GPU session: host latency (ms) and the GPU time its CUDA events measured (ms)."""
+    run, device_ms = session.run, session.last_device_ms  # type: ignore[attr-defined]
+    clock = time.perf_counter_ns
+    host: list[float] = []
+    device: list[float] = []
+    for _ in range(n):
+        t0 = clock()
+        run(prepared)
+        host.append((clock() - t0) / 1e6)
+        device.append(device_ms())
+    return host, device
 
 
 def warm_up(session: Session, prepared: Any, n: int) -> float:
@@ -71,7 +86,12 @@ def measure(
         for side in order:
             if parent is not None:
                 side.session.run(side.prepared)  # untimed: settles the switch from the other session
-            side.rounds.append(time_calls(side.session, side.prepared, n))
+            if getattr(side.session, "device_time", False):
+                host, device = time_calls_device(side.session, side.prepared, n)
+                side.rounds.append(host)
+                side.device_rounds.append(device)
+            else:
+                side.rounds.append(time_calls(side.session, side.prepared, n))
         if on_round:
             on_round(r + 1)
 

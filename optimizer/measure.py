@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ import numpy as np
 from optimizer.accuracy import AccuracyMeter, budget_verdict, mask_of
 from optimizer.artifact import Artifact
 from optimizer.benchmark import Timed, measure, warm_up
+from optimizer.gpu.nvml import NvmlSampler
 from optimizer.inputs import FeedSet
 from optimizer.recipe import Recipe
 from optimizer.runners import runner_for
@@ -24,7 +25,7 @@ from optimizer.runners.base import Session
 from optimizer.stats import LatencyStats, speedup
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 4
+MEASURE_VERSION = 5
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -34,6 +35,23 @@ def _rss() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+def _gpu_allocated(recipe: Recipe) -> int:
+    if recipe.target.device != "cuda":
+        return 0
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
+
+
+def _gpu_peak(recipe: Recipe) -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
 
 
 def run_all(session: Session, feeds: FeedSet) -> Reference:
@@ -69,11 +87,13 @@ def measure_stage(
     gc.collect()
     with ExitStack() as stack:
         before = _rss()
+        gpu_before = _gpu_allocated(recipe)
         session = stack.enter_context(runner_for(artifact, recipe).load())
         prepared = {sf.scenario.name: session.prepare(sf.timing) for sf in feeds}
         for name in prepared:
             warm_up(session, prepared[name], settings.warmup)
         memory_mb = (_rss() - before) / 2**20
+        gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
 
         new_reference = run_all(session, feeds) if reference is None else None
         accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
@@ -94,7 +114,8 @@ def measure_stage(
             def tick(r: int, base: int = done, label: str = name) -> None:
                 progress(f"timing {label}", base + r, total)
 
-            measure(child, other, settings, tick)
+            with NvmlSampler() if recipe.target.device == "cuda" else nullcontext() as sampler:
+                measure(child, other, settings, tick)
             done += settings.rounds
             stats = LatencyStats.of(child.samples())
             entry: dict[str, Any] = {
@@ -104,6 +125,10 @@ def measure_stage(
                 # Kept so that runs can be compared later (optimizer diff) with their real spread.
                 "samples_ms": [round(x, 4) for x in child.samples()],
             }
+            if child.device_rounds:  # GPU stages: compute time apart from host latency and from copies
+                entry["gpu_latency"] = LatencyStats.of([x for r in child.device_rounds for x in r]).to_json()
+                entry["transfers"] = session.transfer_ms(sf.timing)  # type: ignore[attr-defined]
+                entry["nvml"] = sampler.summary() if sampler is not None else {}
             if other is not None:
                 entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
                 entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()
@@ -118,6 +143,7 @@ def measure_stage(
             "op_time_ms": op_times,  # per run, first scenario, from ORT's profiler (a separate session)
             "runtime": session.describe(),
             "memory_mb": memory_mb,
+            "gpu_memory_mb": gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)
             "accuracy": accuracy,
             "within_budget": within,
             "budget": why,

@@ -24,6 +24,7 @@ from optimizer.measure import MEASURE_VERSION, Reference, measure_stage
 from optimizer.pass_base import PassContext
 from optimizer.recipe import SOURCE_STAGE, Recipe, recipe_dict
 from optimizer.registry import pass_class
+from optimizer.runners import runner_reason
 from optimizer.stage import StageRecord
 
 
@@ -140,7 +141,13 @@ class Pipeline:
                 self._source(rec)
             else:
                 self._pass(rec)
-            if rec.ok and self.measure:
+            unrunnable = runner_reason(rec.artifact, self.recipe) if rec.ok and rec.artifact else None
+            if unrunnable and rec.index == 0:  # no reference without stage 0: nothing could be measured
+                rec.status, rec.reason = "failed", f"target.device {self.recipe.target.device}: {unrunnable}"
+                rec.notes["error_kind"] = "input"
+            elif unrunnable:  # built, but this machine cannot run it on the target: keep it for later passes
+                rec.reason = f"not measured: {unrunnable}"
+            elif rec.ok and self.measure:
                 self._measure(rec)
         except PassError as e:
             rec.status, rec.reason = "failed", e.message
@@ -284,6 +291,8 @@ class Pipeline:
                 raise OptimizerError(f"{ref_path}: stage 0's reference outputs are missing; run again with --no-cache")
         start = time.perf_counter()
         parent_artifact = against.artifact if against is not None else None
+        if parent_artifact is not None and runner_reason(parent_artifact, self.recipe):
+            parent_artifact = None  # the parent cannot run here: this stage is timed alone
         metrics, new_ref = measure_stage(
             rec.artifact,
             parent_artifact,

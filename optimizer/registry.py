@@ -14,6 +14,8 @@ PASSES: dict[str, str] = {
     "fuse": "passes.fuse:FusePass",
     "ort_transformers": "passes.ort_transformers:OrtTransformersPass",
     "quantize": "passes.quantize:QuantizePass",
+    "cuda_graph": "passes.cuda_graph:CudaGraphPass",
+    "tensorrt": "passes.tensorrt:TensorRTPass",
 }
 
 

@@ -102,7 +102,9 @@ def findings(report: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for st in report["stages"]:
         label = f"{st['name']} ({st['type']})"
-        if st["status"] in ("failed", "skipped", "interrupted") and st.get("reason"):
+        if st.get("reason") and (
+            st["status"] in ("failed", "skipped", "interrupted") or st["reason"].startswith("not measured")
+        ):
             out.append(f"{label} {st['status']}: {st['reason']}")
         m = st.get("metrics") or {}
         if m and not m.get("within_budget", True):

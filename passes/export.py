@@ -137,7 +137,7 @@ class ExportPass(Pass):
 
         names = artifact.meta["output_names"]
         result: dict[str, Any] = {}
-        with OrtRunner(artifact, ctx.recipe).load() as session:
+        with OrtRunner(artifact, ctx.recipe, device="cpu").load() as session:
             for sf in ctx.feeds:
                 with torch.inference_mode():
                     ref = [t.numpy() for t in module(*(torch.from_numpy(sf.timing[n]) for n in ctx.feeds.input_names))]

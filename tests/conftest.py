@@ -46,3 +46,15 @@ def _private_history(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ["OPTIMIZER_HISTORY"] = str(tmp_path_factory.mktemp("history") / "history.sqlite")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU-marked tests skip, with the reason, where there is no CUDA device."""
+    from optimizer.gpu import cuda_reason
+
+    reason = cuda_reason()
+    if reason is None:
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"needs a CUDA device: {reason}"))

@@ -158,3 +158,55 @@ def test_external_data_through_every_pass(tmp_path: Path, monkeypatch: pytest.Mo
         assert list(folder.glob("*.data")), f"{rec.name}: no external data file in {folder}"
         assert rec.metrics["accuracy"]["logits"]["cosine"] > 0.99
         onnx_io.check(rec.artifact.path)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (lambda d: d.update(passes=[{"type": "fuze"}]), "passes[0].type", "unknown pass 'fuze'"),
+        (
+            lambda d: d.update(passes=[{"type": "fuse", "config": {"rulez": []}}]),
+            "passes[0].config.rulez",
+            "Extra inputs are not permitted",
+        ),
+        (lambda d: d.update(scenarios=[{"name": "b1", "batch": "one"}]), "scenarios[0].batch", "valid integer"),
+        (lambda d: d.update(model={"source": "onnx", "path": "missing.onnx"}), "model.path", "no such file"),
+        (
+            lambda d: d["passes"].append({"type": "quantize", "config": {"mode": "int4"}}),
+            "passes[2].config.mode",
+            "Input should be",
+        ),
+    ],
+    ids=["unknown-pass", "misspelled-field", "wrong-type", "missing-model", "bad-enum"],
+)
+def test_bad_recipe_classes_exit_2_with_one_line(tmp_path: Path, change, field: str, words: str) -> None:  # type: ignore[no-untyped-def]
+    data = mlp_recipe()
+    change(data)
+    recipe = write_recipe(tmp_path, data)
+    proc = run_cli("compile", str(recipe))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith(f"error: {recipe}: {field}: ") and words in lines[0]
+
+
+def test_disk_full_during_a_pass_keeps_earlier_stages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    real_save = onnx_io.save
+    calls = {"n": 0}
+
+    def failing_save(model, path):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if "fuse" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(model, path)
+
+    monkeypatch.setattr(onnx_io, "save", failing_save)
+    data = mlp_recipe(passes=[{"type": "export"}, {"type": "fuse"}])
+    out = tmp_path / "out"
+    records = Pipeline(load_recipe(write_recipe(tmp_path, data)), out).execute()
+    assert [r.status for r in records] == ["ran", "ran", "failed"]
+    assert "No space left on device" in records[2].reason
+    assert (out / "01-export" / "model.onnx").is_file() and (out / "01-export" / "metrics.json").is_file()
+    assert not list(out.glob(".building-*"))  # the half-built stage was removed, not left to be trusted

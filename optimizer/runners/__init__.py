@@ -20,4 +20,19 @@ def runner_for(artifact: Artifact, recipe: Recipe) -> Runner:
         from optimizer.runners.ort_runner import OrtRunner
 
         return OrtRunner(artifact, recipe)
-    raise NotImplementedError(f"no runner for {artifact.kind} artifacts on this machine")
+    if artifact.kind == "trt_engine":
+        from optimizer.runners.trt_runner import TrtRunner
+
+        return TrtRunner(artifact, recipe)
+    raise NotImplementedError(f"no runner for {artifact.kind} artifacts")
+
+
+def runner_reason(artifact: Artifact, recipe: Recipe) -> str | None:
+    """Why this artifact cannot be run (so measured) on the recipe's target here, or None."""
+    from optimizer import gpu
+
+    if artifact.kind == "trt_engine":
+        return gpu.tensorrt_reason()
+    if recipe.target.device != "cuda":
+        return None
+    return gpu.ort_cuda_reason() if artifact.kind == "onnx" else gpu.cuda_reason()

@@ -77,18 +77,102 @@ class OrtSession(Session):
         }
 
 
+class OrtCudaSession(OrtSession):
+    """CUDA EP with IO binding: inputs copied to the device once in `prepare`, outputs bound on the device, so
+    `run` times compute only; with cuda_graph, ORT captures on the first run and replays after (fixed buffers).
+    GPU time comes from CUDA events around the run (torch's, on the current stream)."""
+
+    device_time = True
+
+    def prepare(self, feed: dict[str, np.ndarray]) -> Any:
+        import onnxruntime as ort
+
+        feed = super().prepare(feed)
+        binding = self.session.io_binding()
+        keep = []
+        for name, arr in feed.items():
+            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
+            keep.append(value)
+            binding.bind_ortvalue_input(name, value)
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", 0)
+        self.session.run_with_iobinding(binding)  # allocates the outputs (and captures, with cuda_graph)
+        return (binding, keep)
+
+    def run(self, prepared: Any) -> Any:
+        import torch
+
+        binding, _ = prepared
+        if not hasattr(self, "_events"):
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        self._events[0].record()
+        self.session.run_with_iobinding(binding)
+        self._events[1].record()
+        torch.cuda.synchronize()
+        return binding
+
+    def last_device_ms(self) -> float:
+        return float(self._events[0].elapsed_time(self._events[1]))
+
+    def to_numpy(self, outputs: Any) -> list[np.ndarray]:
+        return list(outputs.copy_outputs_to_cpu())
+
+    def transfer_ms(self, feed: dict[str, np.ndarray]) -> dict[str, float]:
+        import time
+
+        import onnxruntime as ort
+
+        t0 = time.perf_counter()
+        for arr in super().prepare(feed).values():
+            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
+        h2d = (time.perf_counter() - t0) * 1000
+        binding, _ = self.prepare(feed)
+        t0 = time.perf_counter()
+        binding.copy_outputs_to_cpu()
+        return {"h2d_ms": h2d, "d2h_ms": (time.perf_counter() - t0) * 1000}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "io_binding": True,
+            "cuda_graph": bool(self.runtime.get("cuda_graph")),
+            "transfers": "excluded from timing (measured apart)",
+        }
+
+
+def providers_for(runtime: dict[str, Any], device: str) -> list[Any]:
+    if device != "cuda":
+        return ["CPUExecutionProvider"]
+    options = {"enable_cuda_graph": "1" if runtime.get("cuda_graph") else "0"}
+    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
 class OrtRunner(Runner):
+    """device: None = the recipe's target; "cpu" for numeric checks inside passes, which must run anywhere."""
+
+    def __init__(self, artifact: Any, recipe: Any, device: str | None = None) -> None:
+        super().__init__(artifact, recipe)
+        self.device = device
+
     def _open(self) -> Session:
         import onnxruntime as ort
 
+        from optimizer.gpu import ort_cuda_reason
+
         threads = target_threads(self.recipe)
+        device = self.device or self.recipe.target.device
+        if device == "cuda" and ort_cuda_reason() is not None:
+            raise OptimizerError(f"target.device: cuda, but {ort_cuda_reason()}")
         so = session_options(self.artifact.runtime, threads)
         try:
-            session = ort.InferenceSession(str(self.artifact.path), so, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(
+                str(self.artifact.path), so, providers=providers_for(self.artifact.runtime, device)
+            )
         except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, NotImplemented)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise OptimizerError(f"{self.artifact.path}: onnxruntime cannot load it: {first}") from e
-        return OrtSession(session, self.artifact.runtime, threads)
+        cls = OrtCudaSession if device == "cuda" else OrtSession
+        return cls(session, self.artifact.runtime, threads)
 
 
 def op_time_breakdown(artifact: Any, recipe: Any, feed: dict[str, np.ndarray], runs: int = 10) -> dict[str, float]:
@@ -107,7 +191,8 @@ def op_time_breakdown(artifact: Any, recipe: Any, feed: dict[str, np.ndarray], r
     with tempfile.TemporaryDirectory() as tmp:
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "profile")
-        session = ort.InferenceSession(str(artifact.path), so, providers=["CPUExecutionProvider"])
+        providers = providers_for({**artifact.runtime, "cuda_graph": False}, recipe.target.device)
+        session = ort.InferenceSession(str(artifact.path), so, providers=providers)
         inputs = {i.name: feed[i.name] for i in session.get_inputs()}
         session.run(None, inputs)  # warm-up (also profiled; dropped below by counting runs)
         for _ in range(runs):

@@ -12,7 +12,10 @@ from optimizer.runners.ort_runner import OrtRunner
 
 def compare_graphs(before: Artifact, after: Artifact, ctx: PassContext) -> dict[str, Any]:
     """Per output: the worst cosine and max abs error of `after` against `before` (same runtime options)."""
-    with OrtRunner(before, ctx.recipe).load() as ref, OrtRunner(after, ctx.recipe).load() as new:
+    with (
+        OrtRunner(before, ctx.recipe, device="cpu").load() as ref,
+        OrtRunner(after, ctx.recipe, device="cpu").load() as new,
+    ):
         meter = AccuracyMeter(ref.output_names)
         for sf in ctx.feeds:
             for feed in sf.samples:

@@ -1,0 +1,61 @@
+"""What this machine offers for GPU work, each answer with the reason when it is "no".
+
+Nothing here imports torch, onnxruntime or tensorrt at module import; the checks do, when asked.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+
+@functools.cache
+def cuda_reason() -> str | None:
+    """None when a CUDA device is usable from PyTorch, else why not."""
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        build = "a CPU build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+        return f"no CUDA device ({build})"
+    return None
+
+
+@functools.cache
+def ort_cuda_reason() -> str | None:
+    if importlib.util.find_spec("onnxruntime") is None:
+        return "onnxruntime is not installed"
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu in place of onnxruntime)"
+    return cuda_reason()
+
+
+@functools.cache
+def tensorrt_reason() -> str | None:
+    if importlib.util.find_spec("tensorrt") is None:
+        return "tensorrt is not installed (it comes with the gpu extra)"
+    return cuda_reason()
+
+
+def tensorrt_major() -> int:
+    import tensorrt as trt
+
+    return int(trt.__version__.split(".")[0])
+
+
+def device_summary() -> dict[str, object]:
+    """GPU name, compute capability and memory, for reports and engine metadata (empty without CUDA)."""
+    if cuda_reason() is not None:
+        return {}
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "memory_gb": round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+    }

@@ -1,0 +1,95 @@
+"""CUDA Graph capture as a stage of its own: same model, launched as one captured graph per input shape.
+
+The artifact is the parent's, with the runtime option cuda_graph switched on; its runner (PyTorch, ONNX Runtime
+CUDA EP, TensorRT) warms up, captures and replays with static input and output buffers. Keeping this a stage
+means its gain (fewer kernel launches, no per-launch CPU work) is attributed here, never folded silently into
+the TensorRT or ONNX Runtime stage before it.
+
+Eligibility, checked before anything runs: a CUDA device and target.device cuda; for ONNX, onnxruntime-gpu,
+no data-dependent control flow (If/Loop/Scan), and every node placed on the CUDA EP (a CPU-fallback node
+breaks capture). Shapes are static per scenario, which is what capture needs; one graph per scenario.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from optimizer.artifact import Artifact
+from optimizer.errors import PassError
+from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+
+
+class CudaGraphConfig(PassConfig):
+    pass
+
+
+class CudaGraphPass(Pass):
+    name = "cuda_graph"
+    summary = "CUDA Graph capture/replay (PyTorch, ORT CUDA EP, TensorRT), as its own stage"
+    Config = CudaGraphConfig
+    consumes = frozenset({"torch", "onnx", "trt_engine"})
+
+    @classmethod
+    def environment_reason(cls) -> str | None:
+        from optimizer.gpu import cuda_reason
+
+        return cuda_reason()
+
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        reason = super().skip_reason(artifact, ctx)
+        if reason:
+            return reason
+        if ctx.recipe.target.device != "cuda":
+            return "target.device is cpu: CUDA graphs need target.device: cuda"
+        if artifact.kind == "onnx":
+            return onnx_blockers(artifact)
+        if artifact.kind == "trt_engine":
+            from optimizer.gpu import tensorrt_reason
+
+            return tensorrt_reason()
+        return None
+
+    def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        if artifact.path is None:  # a PyTorch source: nothing to copy, the runner captures the module
+            return PassResult(artifact.with_runtime(cuda_graph=True), modified=True, notes={"captured": "torch"})
+        for f in artifact.files():
+            shutil.copyfile(f, ctx.stage_dir / f.name)
+        out = Artifact(
+            artifact.kind,
+            ctx.stage_dir / artifact.path.name,
+            {**artifact.runtime, "cuda_graph": True},
+            dict(artifact.meta),
+        )
+        try:
+            from optimizer.runners import runner_for
+
+            with runner_for(out, ctx.recipe).load() as session:  # capture once now: fail here, not in the benchmark
+                for sf in ctx.feeds:
+                    session.run(session.prepare(sf.timing))
+        except Exception as e:
+            raise PassError(ctx.stage_name, f"CUDA graph capture failed: {e}", ctx.done) from e
+        return PassResult(out, modified=True, notes={"captured": artifact.kind, "graphs": len(ctx.recipe.scenarios)})
+
+
+def onnx_blockers(artifact: Artifact) -> str | None:
+    """Why ORT's CUDA EP cannot capture this graph, or None."""
+    from optimizer.gpu import ort_cuda_reason
+    from optimizer.gpu.profiles import cuda_graph_blockers
+    from optimizer.onnx_io import op_histogram
+
+    reason = ort_cuda_reason()
+    if reason:
+        return reason
+    assert artifact.path is not None
+    blockers = cuda_graph_blockers(op_histogram(artifact.path))
+    if blockers:
+        return f"control-flow ops {', '.join(blockers)} cannot be captured"
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    try:
+        ort.InferenceSession(str(artifact.path), so, providers=["CUDAExecutionProvider"])
+    except Exception as e:
+        return f"some nodes cannot run on the CUDA EP, so the graph cannot be captured ({str(e).splitlines()[0]})"
+    return None

@@ -1,0 +1,116 @@
+"""GPU stages: the logic that needs no GPU runs everywhere; what needs one is marked `gpu` and skips here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import mlp_recipe, write_recipe
+
+from optimizer.artifact import Artifact
+from optimizer.gpu import cuda_reason, ort_cuda_reason, tensorrt_reason
+from optimizer.gpu.nvml import NvmlSampler
+from optimizer.gpu.profiles import cuda_graph_blockers, derive_profiles, precision_summary
+from optimizer.pipeline import Pipeline
+from optimizer.recipe import load_recipe, parse_recipe
+from optimizer.runners import runner_reason
+
+
+def test_profiles_cover_every_scenario() -> None:
+    shapes = {"input_ids": ["batch", "seq"], "pixel": ["batch", 3, 224, 224]}
+    scenarios = [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 512}, {"batch": 4, "seq": 64}]
+    p = derive_profiles(shapes, scenarios)
+    assert p["input_ids"] == {"min": (1, 64), "opt": (1, 128), "max": (8, 512)}
+    assert p["pixel"] == {"min": (1, 3, 224, 224), "opt": (1, 3, 224, 224), "max": (8, 3, 224, 224)}
+    with pytest.raises(ValueError, match="dim 'frames' is not bound"):
+        derive_profiles({"video": ["batch", "frames"]}, scenarios)
+
+
+def test_precision_and_capture_eligibility_from_the_graph() -> None:
+    assert precision_summary({"QuantizeLinear": 4, "MatMul": 2}, 0).startswith("int8")
+    assert precision_summary({"MatMul": 2}, 12).startswith("fp16")
+    assert precision_summary({"MatMul": 2}, 0).startswith("fp32")
+    assert cuda_graph_blockers({"Loop": 1, "MatMul": 3, "If": 2}) == ["If", "Loop"]
+    assert cuda_graph_blockers({"MatMul": 3}) == []
+
+
+def test_runner_reasons_follow_the_target() -> None:
+    cpu = parse_recipe(mlp_recipe())
+    cuda = parse_recipe(mlp_recipe(target={"device": "cuda"}))
+    onnx_art = Artifact("onnx", Path("m.onnx"))
+    assert runner_reason(onnx_art, cpu) is None
+    assert runner_reason(onnx_art, cuda) == ort_cuda_reason()
+    assert runner_reason(Artifact("trt_engine", Path("e.plan")), cpu) == tensorrt_reason()
+    assert runner_reason(Artifact("torch", None), cuda) == cuda_reason()
+
+
+@pytest.mark.skipif(cuda_reason() is None, reason="this test is about a machine without CUDA")
+def test_gpu_passes_skip_with_reasons_and_the_rest_runs(tmp_path: Path) -> None:
+    data = mlp_recipe(
+        passes=[{"type": "export"}, {"type": "cuda_graph"}, {"type": "tensorrt"}, {"type": "ort_session"}]
+    )
+    records = Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "out").execute()
+    status = {r.name: (r.status, r.reason) for r in records}
+    assert status["cuda_graph"] == ("skipped", cuda_reason())
+    assert status["tensorrt"][0] == "skipped" and status["tensorrt"][1] == tensorrt_reason()
+    assert status["ort_session"][0] == "ran"
+    # Skipped stages pass their input through: ort_session is timed against export.
+    assert records[-1].metrics["scenarios"]["b1"]["parent_latency"]["n"] > 0
+
+
+def test_nvml_sampler_without_a_device_says_why() -> None:
+    with NvmlSampler(interval=0.01) as s:
+        pass
+    summary = s.summary()
+    assert ("reason" in summary) or summary["samples"] >= 0
+
+
+def _gpu_recipe(tmp_path: Path, passes: list[dict]) -> Path:
+    data = mlp_recipe(target={"device": "cuda"}, passes=passes)
+    data["inputs"] = [{"name": "x", "dtype": "float32", "shape": ["batch", 4, 16]}]
+    return write_recipe(tmp_path, data)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_graph_matches_eager_and_reports_gpu_time(tmp_path: Path) -> None:
+    records = Pipeline(load_recipe(_gpu_recipe(tmp_path, [{"type": "cuda_graph"}])), tmp_path / "out").execute()
+    graph = records[1]
+    assert graph.status == "ran", graph.reason
+    m = graph.metrics["scenarios"]["b1"]
+    assert m["gpu_latency"]["p50_ms"] > 0 and m["transfers"]["h2d_ms"] >= 0
+    assert graph.metrics["accuracy"]["logits"]["cosine"] > 0.99999
+    assert graph.metrics["runtime"]["cuda_graph"] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(ort_cuda_reason() is not None, reason=f"{ort_cuda_reason()}")
+def test_ort_cuda_io_binding_and_graph(tmp_path: Path) -> None:
+    passes = [{"type": "export"}, {"type": "ort_session"}, {"type": "cuda_graph"}]
+    records = Pipeline(load_recipe(_gpu_recipe(tmp_path, passes)), tmp_path / "out").execute()
+    assert all(r.ok for r in records), [(r.name, r.reason) for r in records]
+    assert records[-1].metrics["runtime"]["io_binding"] is True
+    assert records[-1].metrics["accuracy"]["logits"]["cosine"] > 0.9999
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(tensorrt_reason() is not None, reason=f"{tensorrt_reason()}")
+def test_tensorrt_engine_builds_runs_and_records_metadata(tmp_path: Path) -> None:
+    passes = [{"type": "export"}, {"type": "tensorrt"}, {"type": "cuda_graph"}]
+    records = Pipeline(load_recipe(_gpu_recipe(tmp_path, passes)), tmp_path / "out").execute()
+    trt = records[2]
+    assert trt.status == "ran", trt.reason
+    assert trt.notes["profiles"]["x"]["max"] == [8, 4, 16]
+    assert (tmp_path / "out" / "timing.cache").is_file()
+    assert trt.metrics["accuracy"]["logits"]["cosine"] > 0.999
+    assert np.isfinite(records[3].metrics["scenarios"]["b8"]["gpu_latency"]["p50_ms"])
+
+
+@pytest.mark.skipif(cuda_reason() is None, reason="this test is about a machine without CUDA")
+def test_cuda_recipe_without_cuda_is_a_clear_usage_error(tmp_path: Path) -> None:
+    from test_recipe import run_cli
+
+    recipe = _gpu_recipe(tmp_path, [{"type": "export"}])
+    proc = run_cli("compile", str(recipe), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {recipe}: target.device cuda: {cuda_reason()}"
