@@ -32,7 +32,12 @@ class Artifact:
         if self.path is None:
             return []
         extra = [self.path.parent / f for f in self.meta.get("external_data", [])]
+        if self.meta.get("decode"):  # generation: the decode graph (and its weights) beside the prefill graph
+            extra += [self.path.parent / f for f in [self.meta["decode"], *self.meta.get("decode_external_data", [])]]
         return [self.path, *extra]
+
+    def decode_path(self) -> Path | None:
+        return self.path.parent / self.meta["decode"] if self.path is not None and self.meta.get("decode") else None
 
     def size_bytes(self) -> int | None:
         files = self.files()

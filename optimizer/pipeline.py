@@ -293,7 +293,10 @@ class Pipeline:
         parent_artifact = against.artifact if against is not None else None
         if parent_artifact is not None and runner_reason(parent_artifact, self.recipe):
             parent_artifact = None  # the parent cannot run here: this stage is timed alone
-        metrics, new_ref = measure_stage(
+        measure_fn = measure_stage
+        if self.recipe.workload == "generation":
+            from optimizer.measure_gen import measure_generation_stage as measure_fn  # type: ignore[assignment]
+        metrics, new_ref = measure_fn(
             rec.artifact,
             parent_artifact,
             self.recipe,

@@ -90,11 +90,32 @@ class TextInputs(Strict):
         return self
 
 
+# The seeds' scenarios (shared/seeds): prompt length and new tokens per task, batch 1.
+SCENARIO_PRESETS: dict[str, dict[str, Any]] = {
+    "short_text_generation": {"batch": 1, "seq": 128, "new_tokens": 64},
+    "long_document_processing": {"batch": 1, "seq": 2048, "new_tokens": 32},
+    "low_latency_inference": {"batch": 1, "seq": 128, "new_tokens": 8},
+}
+
+
 class Scenario(Strict):
     name: str
     batch: int = Field(default=1, ge=1)
-    seq: int = Field(default=128, ge=1)
+    seq: int = Field(default=128, ge=1, description="sequence length; the prompt length for generation")
+    new_tokens: int = Field(default=32, ge=1, description="generation: tokens generated per task")
     dims: dict[str, int] = Field(default_factory=dict, description="extra symbolic dims")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """`{preset: short_text_generation}` expands to the seeds' numbers; explicit fields override them."""
+        if isinstance(data, dict) and "preset" in data:
+            data = dict(data)
+            name = data.pop("preset")
+            if name not in SCENARIO_PRESETS:
+                raise ValueError(f"unknown preset {name!r} (known: {', '.join(SCENARIO_PRESETS)})")
+            data = {"name": name, **SCENARIO_PRESETS[name], **data}
+        return data
 
     def bindings(self) -> dict[str, int]:
         return {"batch": self.batch, "seq": self.seq, **self.dims}
@@ -114,7 +135,7 @@ class BenchmarkSettings(Strict):
 
 
 class AccuracyBudget(Strict):
-    metric: Literal["cosine", "max_abs", "top1"] = "cosine"
+    metric: Literal["cosine", "max_abs", "top1", "token_agreement"] = "cosine"
     min: float | None = Field(default=None, description="for cosine and top1: the lowest acceptable value")
     max: float | None = Field(default=None, description="for max_abs: the highest acceptable value")
     output: str | None = Field(default=None, description="output to judge; default: the first")
@@ -144,6 +165,9 @@ class Recipe(Strict):
     target: Target = Field(default_factory=Target)
     benchmark: BenchmarkSettings = Field(default_factory=BenchmarkSettings)
     accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    workload: Literal["forward", "generation"] = Field(
+        default="forward", description="generation: greedy decoding with a KV cache (causal LMs)"
+    )
     on_failure: Literal["stop", "continue"] = "stop"
     seed: int = 0
     passes: list[PassSpec] = Field(default_factory=list)
@@ -191,6 +215,8 @@ def _check_structure(recipe: Recipe, path: str) -> None:
     if recipe.text and recipe.text.file and not recipe.resolve(recipe.text.file).is_file():
         raise RecipeError(path, "text.file", f"no such file: {recipe.resolve(recipe.text.file)}")
     model = recipe.model
+    if recipe.workload == "generation" and getattr(model, "task", None) != "causal-lm":
+        raise RecipeError(path, "workload", "generation needs a causal LM: set model.task: causal-lm")
     if isinstance(model, OnnxSource) and not recipe.resolve(model.path).is_file():
         raise RecipeError(path, "model.path", f"no such file: {recipe.resolve(model.path)}")
     if isinstance(model, HFFolderSource):

@@ -75,6 +75,8 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
         if name not in returned:
             raise InputError(f"outputs[{i}]: {name!r} is not an output of the model (it returns: {returned})")
     outputs = recipe.outputs or returned
+    if recipe.workload == "generation":
+        outputs = ["generation"]  # the greedy loop's tokens and per-step logits
     tensors = list(module.parameters()) + list(module.buffers())
     param_bytes = sum(t.numel() * t.element_size() for t in tensors)
     meta = {

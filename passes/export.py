@@ -79,6 +79,11 @@ class ExportPass(Pass):
         from optimizer.models import NamedIO, load_module
 
         cfg: ExportConfig = self.config  # type: ignore[assignment]
+        if ctx.recipe.workload == "generation":
+            from passes.export_generation import export_generation
+
+            out, notes = export_generation(artifact, ctx, cfg.opset, cfg.min_cosine)
+            return PassResult(out, modified=True, notes=notes)
         inputs: list[str] = artifact.meta["input_names"]
         outputs: list[str] = artifact.meta["output_names"]
         module = NamedIO.wrap(load_module(ctx.recipe), inputs, outputs)

@@ -88,6 +88,11 @@ class FusePass(Pass):
         missing = [m for m in ("onnx_graphsurgeon", "onnxruntime") if importlib.util.find_spec(m) is None]
         return f"{', '.join(missing)} not installed" if missing else None
 
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        if artifact.meta.get("decode"):
+            return "generation graphs (prefill + decode with a KV cache) are not fused yet"
+        return super().skip_reason(artifact, ctx)
+
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnx_graphsurgeon as gs
 

@@ -57,11 +57,46 @@ class QuantizePass(Pass):
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        if artifact.meta.get("decode") and cfg.mode not in ("int8_dynamic", "fp16"):
+            return f"{cfg.mode} on generation graphs is not supported yet (int8_dynamic and fp16 are)"
         if cfg.mode == "hybrid" and ctx.recipe.target.device != "cpu":
             return "hybrid INT8/FP16 for CUDA is not implemented yet (the CPU search uses FP32 as high precision)"
         return super().skip_reason(artifact, ctx)
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        if artifact.meta.get("decode"):
+            return self._run_generation(artifact, ctx)
+        return self._run_one(artifact, ctx)
+
+    def _run_generation(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        """Both generation graphs, the same mode each; the decode graph is quantized in a sub-folder first."""
+        decode = artifact.decode_path()
+        assert decode is not None and artifact.path is not None
+        sub = ctx.stage_dir / "decode_part"
+        sub.mkdir()
+        part = PassContext(ctx.recipe, ctx.stage_name, sub, ctx.feeds, ctx.done, ctx.progress)
+        meta = {k: v for k, v in artifact.meta.items() if k not in ("decode", "decode_external_data")}
+        d = self._run_one(Artifact("onnx", decode, artifact.runtime, meta), part)
+        assert d.artifact.path is not None
+        (ctx.stage_dir / "decode.onnx").write_bytes(d.artifact.path.read_bytes())
+        for f in d.artifact.meta.get("external_data", []):
+            (sub / f).rename(ctx.stage_dir / f"decode.onnx.{f.split('.')[-1]}")
+        import shutil
+
+        shutil.rmtree(sub)
+        p = self._run_one(Artifact("onnx", artifact.path, artifact.runtime, meta), ctx)
+        out_meta = {
+            **p.artifact.meta,
+            "decode": "decode.onnx",
+            "layers": artifact.meta["layers"],
+            "decode_external_data": [
+                f"decode.onnx.{f.split('.')[-1]}" for f in d.artifact.meta.get("external_data", [])
+            ],
+        }
+        out = Artifact("onnx", p.artifact.path, p.artifact.runtime, out_meta)
+        return PassResult(out, modified=True, notes={"prefill": dict(p.notes), "decode": dict(d.notes)})
+
+    def _run_one(self, artifact: Artifact, ctx: PassContext) -> PassResult:
 
         from optimizer import onnx_io
         from passes.quantize import modes

@@ -1,0 +1,150 @@
+"""Generation workloads: a greedy decoding loop with an explicit KV cache, in PyTorch and in ONNX Runtime.
+
+Two graphs serve one loop: prefill (the prompt -> last-position logits + the KV cache) and decode (one token
++ the cache -> logits + the grown cache). Both return only the last position's logits (`logits_to_keep=1`), in
+PyTorch as in ONNX, so stage 0 and the exported stages do the same work. Decoding is greedy and runs exactly
+`new_tokens` steps (no early stop at EOS), so every stage times the same amount of work.
+
+Timings per generation: time to first token (prefill + the first argmax), time per output token (each
+decode step), end-to-end time of the task (prompt + all new tokens), and tokens/s over the whole task.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Generation:
+    tokens: np.ndarray  # [batch, new_tokens]
+    step_logits: list[np.ndarray] = field(default_factory=list)  # new_tokens x [batch, vocab]
+    ttft_ms: float = 0.0
+    tpot_ms: list[float] = field(default_factory=list)
+    e2e_ms: float = 0.0
+
+
+def cache_names(layers: int) -> list[tuple[str, str]]:
+    """(past input name, present output name) for every key and value of every layer, in order."""
+    return [(f"past.{i}.{k}", f"present.{i}.{k}") for i in range(layers) for k in ("key", "value")]
+
+
+def _flatten_cache(out: Any) -> list[Any]:
+    cache = getattr(out, "cache", None) or out.past_key_values
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def wrappers(model: Any) -> tuple[Any, Any, int]:
+    """(prefill module, decode module, layers) around a transformers causal LM."""
+    import torch
+    from transformers import DynamicCache
+
+    layers = int(model.config.num_hidden_layers)
+
+    class Prefill(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> tuple[Any, ...]:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1)
+            return (out.logits[:, -1, :], *_flatten_cache(out))
+
+    class Decode(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, *past: Any) -> tuple[Any, ...]:
+            cache = DynamicCache()
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True, logits_to_keep=1
+            )
+            return (out.logits[:, -1, :], *_flatten_cache(out))
+
+    return Prefill().eval(), Decode().eval(), layers
+
+
+class TorchGenerator:
+    def __init__(self, model: Any, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.prefill, self.decode, self.layers = wrappers(model)
+
+    def generate(self, prompt: np.ndarray, new_tokens: int) -> Generation:
+        import torch
+
+        with torch.inference_mode():
+            ids = torch.from_numpy(prompt)
+            mask = torch.ones_like(ids)
+            start = time.perf_counter_ns()
+            logits, *cache = self.prefill(ids, mask)
+            nxt = logits.argmax(-1, keepdim=True)
+            gen = Generation(np.zeros((prompt.shape[0], new_tokens), np.int64))
+            gen.ttft_ms = (time.perf_counter_ns() - start) / 1e6
+            gen.step_logits.append(logits.numpy().copy())
+            gen.tokens[:, 0] = nxt[:, 0].numpy()
+            for step in range(1, new_tokens):
+                t0 = time.perf_counter_ns()
+                mask = torch.ones((ids.shape[0], ids.shape[1] + step), dtype=torch.long)
+                logits, *cache = self.decode(nxt, mask, *cache)
+                nxt = logits.argmax(-1, keepdim=True)
+                gen.tpot_ms.append((time.perf_counter_ns() - t0) / 1e6)
+                gen.step_logits.append(logits.numpy().copy())
+                gen.tokens[:, step] = nxt[:, 0].numpy()
+            gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
+        return gen
+
+
+class OrtGenerator:
+    """The same loop over two ONNX Runtime sessions; the cache goes back in as numpy arrays each step."""
+
+    def __init__(self, prefill: Any, decode: Any, layers: int) -> None:
+        self.prefill, self.decode, self.names = prefill, decode, cache_names(layers)
+        self.outputs = ["logits"] + [p for _, p in self.names]
+
+    def generate(self, prompt: np.ndarray, new_tokens: int) -> Generation:
+        batch, seq = prompt.shape
+        start = time.perf_counter_ns()
+        logits, *cache = self.prefill.run(self.outputs, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)})
+        nxt = logits.argmax(-1)[:, None].astype(np.int64)
+        gen = Generation(np.zeros((batch, new_tokens), np.int64))
+        gen.ttft_ms = (time.perf_counter_ns() - start) / 1e6
+        gen.step_logits.append(logits)
+        gen.tokens[:, 0] = nxt[:, 0]
+        for step in range(1, new_tokens):
+            t0 = time.perf_counter_ns()
+            feed = {"input_ids": nxt, "attention_mask": np.ones((batch, seq + step), np.int64)}
+            feed.update({past: value for (past, _), value in zip(self.names, cache, strict=True)})
+            logits, *cache = self.decode.run(self.outputs, feed)
+            nxt = logits.argmax(-1)[:, None].astype(np.int64)
+            gen.tpot_ms.append((time.perf_counter_ns() - t0) / 1e6)
+            gen.step_logits.append(logits)
+            gen.tokens[:, step] = nxt[:, 0]
+        gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
+        return gen
+
+
+def agreement(reference: Generation, got: Generation) -> dict[str, float]:
+    """Greedy token agreement over the generated sequence, and the logits cosine step by step (the lowest, and
+    the lowest before the first disagreement, after which the two runs see different contexts)."""
+    same = reference.tokens == got.tokens
+    first_diff = int(np.argmin(same.all(0))) if not same.all() else same.shape[1]
+    cos = []
+    for a, b in zip(reference.step_logits, got.step_logits, strict=True):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        num = (a64 * b64).sum(-1)
+        den = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1) + 1e-30
+        cos.append(float((num / den).min()))
+    return {
+        "token_agreement": float(same.mean()),
+        "first_disagreement": first_diff,
+        "logits_cosine_min": min(cos),
+        "logits_cosine_before_divergence": min(cos[: max(first_diff, 1)]),
+    }

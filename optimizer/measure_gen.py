@@ -1,0 +1,116 @@
+"""Measuring a generation stage: whole greedy generations, interleaved with the parent round by round.
+
+Per scenario (prompt = seq tokens, new_tokens generated): time to first token, time per output token (every
+decode step of every timed generation), end-to-end task time and tokens/s. Accuracy against stage 0: greedy
+token agreement over the generated tokens and the logits cosine step by step (optimizer/generation.py).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import numpy as np
+
+from optimizer.artifact import Artifact
+from optimizer.generation import Generation, agreement
+from optimizer.inputs import FeedSet
+from optimizer.measure import Progress, Reference, _rss
+from optimizer.recipe import Recipe
+from optimizer.runners.gen_runner import generator_for
+from optimizer.stats import LatencyStats, speedup
+
+
+def _as_reference(g: Generation) -> list[np.ndarray]:
+    return [g.tokens, np.stack(g.step_logits)]
+
+
+def _from_reference(arrays: list[np.ndarray]) -> Generation:
+    return Generation(arrays[0], list(arrays[1]))
+
+
+def measure_generation_stage(
+    artifact: Artifact,
+    parent: Artifact | None,
+    recipe: Recipe,
+    feeds: FeedSet,
+    reference: Reference | None,
+    progress: Progress,
+) -> tuple[dict[str, Any], Reference | None]:
+    settings = recipe.benchmark
+    gc.collect()
+    before = _rss()
+    gen = generator_for(artifact, recipe)
+    outputs: Reference = {}
+    for sf in feeds:
+        outputs[sf.scenario.name] = [
+            _as_reference(gen.generate(f["input_ids"], sf.scenario.new_tokens)) for f in sf.samples
+        ]
+    memory_mb = (_rss() - before) / 2**20
+    new_reference = outputs if reference is None else None
+    ref = reference if reference is not None else outputs
+    worst: dict[str, float] = {"token_agreement": 1.0, "cosine": 1.0, "logits_cosine_min": 1.0}
+    for scen, samples in outputs.items():
+        for expected, got in zip(ref[scen], samples, strict=True):
+            a = agreement(_from_reference(expected), _from_reference(got))
+            worst["token_agreement"] = min(worst["token_agreement"], a["token_agreement"])
+            worst["cosine"] = min(worst["cosine"], a["logits_cosine_before_divergence"])
+            worst["logits_cosine_min"] = min(worst["logits_cosine_min"], a["logits_cosine_min"])
+    accuracy = {"generation": worst}
+    from optimizer.accuracy import budget_verdict
+
+    within, why = budget_verdict(accuracy, recipe.accuracy)
+    parent_gen = generator_for(parent, recipe) if parent is not None else None
+    scenarios: dict[str, Any] = {}
+    total = len(recipe.scenarios) * settings.rounds
+    done = 0
+    for sf in feeds:
+        prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
+        sides = [("child", gen)] + ([("parent", parent_gen)] if parent_gen is not None else [])
+        for _, g in sides:
+            for _ in range(min(settings.warmup, 2)):
+                g.generate(prompt, new)
+        runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
+        for r in range(settings.rounds):
+            for name, g in sides if r % 2 == 0 else sides[::-1]:
+                runs[name].append([g.generate(prompt, new) for _ in range(settings.iterations)])
+            done += 1
+            progress(f"generating {sf.scenario.name}", done, total)
+        child = [g for rnd in runs["child"] for g in rnd]
+        e2e = LatencyStats.of([g.e2e_ms for g in child])
+        batch = sf.scenario.batch
+        entry: dict[str, Any] = {
+            "latency": e2e.to_json(),
+            "ttft": LatencyStats.of([g.ttft_ms for g in child]).to_json(),
+            "tpot": LatencyStats.of([t for g in child for t in g.tpot_ms] or [0.0]).to_json(),
+            "throughput": {
+                "tokens_per_s": batch * new * 1000 / e2e.mean_ms,
+                "samples_per_s": batch * 1000 / e2e.mean_ms,
+            },
+            "iterations": len(child),
+            "prompt_tokens": int(prompt.shape[1]),
+            "new_tokens": new,
+            "samples_ms": [round(g.e2e_ms, 4) for g in child],
+        }
+        if parent_gen is not None:
+            p_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["parent"]]
+            c_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["child"]]
+            entry["parent_latency"] = LatencyStats.of([x for rnd in p_rounds for x in rnd]).to_json()
+            entry["vs_parent"] = speedup(p_rounds, c_rounds, settings.confidence).to_json()
+        scenarios[sf.scenario.name] = entry
+    runtime = {
+        "runtime": "pytorch-eager" if artifact.kind == "torch" else "onnxruntime",
+        "loop": "greedy, KV cache, fixed new_tokens",
+        **({k: v for k, v in artifact.runtime.items()}),
+    }
+    metrics = {
+        "workload": "generation",
+        "runtime": runtime,
+        "memory_mb": memory_mb,
+        "accuracy": accuracy,
+        "within_budget": within,
+        "budget": why,
+        "scenarios": scenarios,
+        "op_time_ms": {},
+    }
+    return metrics, new_reference

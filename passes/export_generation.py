@@ -1,0 +1,102 @@
+"""Export for generation: the prefill and decode graphs (see optimizer/generation.py), checked against PyTorch.
+
+Dims: prefill takes input_ids/attention_mask [batch, seq]; decode takes input_ids [batch, 1], attention_mask
+[batch, past + 1] and past.{i}.key/value [batch, heads, past, head_dim], and returns present.* one longer.
+The check runs a short greedy generation in both and requires identical tokens and close logits.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from optimizer.artifact import Artifact
+from optimizer.errors import PassError
+from optimizer.pass_base import PassContext
+from optimizer.quiet import quiet
+
+
+def export_generation(
+    artifact: Artifact, ctx: PassContext, opset: int | None, min_cosine: float
+) -> tuple[Artifact, dict[str, Any]]:
+    import torch
+
+    from optimizer import onnx_io
+    from optimizer.generation import cache_names, wrappers
+    from optimizer.models import load_module
+
+    model = load_module(ctx.recipe)
+    prefill, decode, layers = wrappers(model)
+    names = cache_names(layers)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (2, 6))
+    mask = torch.ones_like(ids)
+    batch, seq, past = torch.export.Dim("batch"), torch.export.Dim("seq"), torch.export.Dim("past", min=1)
+    log = io.StringIO()
+    try:
+        with quiet(log), torch.no_grad():
+            torch.onnx.export(
+                prefill,
+                (ids, mask),
+                str(ctx.stage_dir / "prefill.tmp.onnx"),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["logits"] + [p for _, p in names],
+                dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
+                opset_version=opset,
+                dynamo=True,
+                external_data=False,
+            )
+            _, *cache = prefill(ids, mask)
+            step_ids = torch.randint(0, vocab, (2, 1))
+            step_mask = torch.ones((2, ids.shape[1] + 1), dtype=torch.long)
+            cache_shapes = tuple({0: batch, 2: past} for _ in cache)
+            torch.onnx.export(
+                decode,
+                (step_ids, step_mask, *cache),
+                str(ctx.stage_dir / "decode.tmp.onnx"),
+                input_names=["input_ids", "attention_mask"] + [p for p, _ in names],
+                output_names=["logits"] + [p for _, p in names],
+                dynamic_shapes=({0: batch}, {0: batch, 1: past + 1}, cache_shapes),
+                opset_version=opset,
+                dynamo=True,
+                external_data=False,
+            )
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PassError(ctx.stage_name, f"generation export failed: {first}", ctx.done) from e
+    files: dict[str, list[str]] = {}
+    for part in ("prefill", "decode"):
+        tmp = ctx.stage_dir / f"{part}.tmp.onnx"
+        files[part] = onnx_io.save(onnx_io.load(tmp), ctx.stage_dir / f"{part}.onnx")
+        tmp.unlink()
+    out = Artifact(
+        "onnx",
+        ctx.stage_dir / "prefill.onnx",
+        {"graph_optimization_level": "disable_all"},
+        {
+            **artifact.meta,
+            "exporter": "dynamo",
+            "external_data": files["prefill"],
+            "decode": "decode.onnx",
+            "decode_external_data": files["decode"],
+            "layers": layers,
+            "output_names": ["generation"],
+        },
+    )
+    check = _check(model, out, ctx, min_cosine)
+    return out, {"graphs": ["prefill.onnx", "decode.onnx"], "layers": layers, "check": check, "log": log.getvalue()}
+
+
+def _check(model: Any, artifact: Artifact, ctx: PassContext, min_cosine: float) -> dict[str, Any]:
+    from optimizer.generation import TorchGenerator, agreement
+    from optimizer.runners.gen_runner import ort_generator
+
+    torch_gen = TorchGenerator(model, 1)
+    ort_gen = ort_generator(artifact, ctx.recipe, device="cpu")
+    prompt = next(iter(ctx.feeds)).timing["input_ids"]
+    result = agreement(torch_gen.generate(prompt, 8), ort_gen.generate(prompt, 8))
+    if result["token_agreement"] < 1.0 or result["logits_cosine_min"] < min_cosine:
+        raise PassError(ctx.stage_name, f"the ONNX generation loop disagrees with PyTorch: {result}")
+    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in result.items()}
