@@ -18,6 +18,7 @@ from typing import Any
 
 from optimizer.recipe import BenchmarkSettings
 from optimizer.runners.base import Session
+from optimizer.stats import median_ci_halfwidth
 
 
 @dataclass
@@ -81,7 +82,10 @@ def measure(
     sides = [s for s in (parent, child) if s is not None]
     estimate = max(warm_up(s.session, s.prepared, 1) for s in sides)
     n = iterations_for(settings, estimate)
-    for r in range(settings.rounds):
+    r = 0
+    while r < settings.rounds or (
+        settings.target_ci > 0 and r < settings.max_rounds and median_ci_halfwidth(child.samples()) > settings.target_ci
+    ):
         order = sides if r % 2 == 0 else sides[::-1]
         for side in order:
             if parent is not None:
@@ -92,8 +96,9 @@ def measure(
                 side.device_rounds.append(device)
             else:
                 side.rounds.append(time_calls(side.session, side.prepared, n))
+        r += 1
         if on_round:
-            on_round(r + 1)
+            on_round(r)
 
 
 def interleaved_p50(

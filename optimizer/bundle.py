@@ -160,7 +160,9 @@ def triton_config(
 ) -> str:
     """config.pbtxt for Triton's ONNX Runtime backend; batch dim first when every input and output has one."""
     batched = all(t["shape"] and t["shape"][0] == "batch" for t in inputs + outputs)
-    max_batch = max(s["batch"] for s in report["scenarios"]) if batched else 0
+    sweep = report.get("batch_sweep") or {}
+    max_batch = (sweep.get("max_batch") or max(s["batch"] for s in report["scenarios"])) if batched else 0
+    preferred = sweep.get("preferred_batch") or max_batch
 
     def tensor(t: dict[str, Any]) -> str:
         dims = t["shape"][1:] if batched else t["shape"]
@@ -180,8 +182,8 @@ def triton_config(
         f"optimization {{ graph {{ level: {level} }} }}",
         "instance_group [ { count: 1, kind: KIND_CPU } ]",
     ]
-    if max_batch > 1:
-        lines.append(f"dynamic_batching {{ preferred_batch_size: [ {max_batch} ] max_queue_delay_microseconds: 100 }}")
+    if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/sweep.py)
+        lines.append(f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 100 }}")
     return "\n".join(lines) + "\n"
 
 

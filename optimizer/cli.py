@@ -58,7 +58,7 @@ def compile_(
     no_history: bool = typer.Option(False, "--no-history", help="do not record this run in the history"),
 ) -> None:
     """Run a recipe: every stage into its own folder, each benchmarked; prints the per-stage table."""
-    from optimizer.console import ConsoleEvents, stage_tables
+    from optimizer.console import ConsoleEvents, stage_tables, summary_table
     from optimizer.pipeline import Pipeline
     from optimizer.recipe import load_recipe
     from optimizer.report import write_report
@@ -83,6 +83,9 @@ def compile_(
     if report:
         for table in stage_tables(report):
             out.print(table)
+        summary = summary_table(report)
+        if summary is not None:
+            out.print(summary)
         if STATE["debug"]:
             for st in report["stages"]:
                 if st["notes"].get("traceback"):

@@ -116,3 +116,43 @@ def bench(
             f"{scen}: P50 {lat['p50_ms']:.2f} ms, P99 {lat['p99_ms']:.2f} ms, CV {lat['cv']:.2%}"
             + (f" (recorded at compile: P50 {rec:.2f} ms)" if rec else "")
         )
+
+
+@app.command()
+def select(
+    run: str = typer.Argument(..., help="run folder, report.json or run id"),
+    weights: str = typer.Option(
+        "seed-latency",
+        "--weights",
+        help="seed-latency | seed-deploy | term=weight,... (latency, throughput, accuracy, "
+        "memory, size, deployability)",
+    ),
+) -> None:
+    """Rank the stages of a run per scenario by a composite score, and say which to deploy and why."""
+    from optimizer.history import load_report
+    from optimizer.select import parse_weights, rank, recommend
+
+    try:
+        w = parse_weights(weights)
+    except ValueError as e:
+        raise OptimizerError(f"--weights: {e}") from None
+    report = load_report(run, STATE["history"])
+    for scen, rows in rank(report, w).items():
+        table = Table(
+            title=f"{scen}: score = " + " + ".join(f"{v:g} x {k}" for k, v in w.items()),
+            title_justify="left",
+            header_style="bold",
+        )
+        for col in ("stage", "score", *w.keys(), "budget"):
+            table.add_column(col, justify="left" if col == "stage" else "right")
+        for r in rows:
+            table.add_row(
+                r["stage"],
+                f"{r['score']:.3f}",
+                *(f"{r['terms'][k]:.3f}" for k in w),
+                "ok" if r["within_budget"] else "REJECTED",
+            )
+        out.print(table)
+    _, lines = recommend(report, w)
+    for line in lines:
+        out.print(line, highlight=False)

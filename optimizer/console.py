@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optimizer.report import COLUMNS, stage_rows
+from optimizer.report import columns, scenario_summary, stage_rows
 from optimizer.stage import StageRecord
 
 STATUS_STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "interrupted": "red"}
@@ -62,14 +62,27 @@ def stage_tables(report: dict[str, Any]) -> list[Table]:
             title_justify="left",
             header_style="bold",
         )
-        for key, header in COLUMNS:
+        cols = columns(report)
+        for key, header in cols:
             table.add_column(
                 header, justify="left" if key in ("stage", "parent", "status") else "right", overflow="fold"
             )
         for row in stage_rows(report, scen["name"]):
             style = STATUS_STYLE.get(row["status"], "")
-            cells = [row[k] for k, _ in COLUMNS]
+            cells = [row[k] for k, _ in cols]
             cells[2] = f"[{style}]{cells[2]}[/]" if style else cells[2]
             table.add_row(*cells)
         tables.append(table)
     return tables
+
+
+def summary_table(report: dict[str, Any]) -> Table | None:
+    if len(report["scenarios"]) < 2:
+        return None
+    head, rows = scenario_summary(report)
+    table = Table(title="scenario x stage: P50 ms (speedup vs stage 0)", title_justify="left", header_style="bold")
+    for h in head:
+        table.add_column(h, justify="left" if h == "stage" else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -127,6 +127,8 @@ def load_report(ref: str, path: Path | None = None) -> dict[str, Any]:
     p = Path(ref)
     if p.is_dir():
         p = p / "report.json"
+        if not p.is_file():
+            raise OptimizerError(f"{ref}: no report.json in this folder (is it a run folder of a finished compile?)")
     if p.is_file():
         try:
             return json.loads(p.read_text())

@@ -14,7 +14,7 @@ import html
 import math
 from typing import Any
 
-from optimizer.report import COLUMNS, stage_rows
+from optimizer.report import columns, stage_rows
 
 GREEN, RED, GREY, BLUE = "#2e9d58", "#d1495b", "#9aa5b1", "#3d7ec9"
 PALETTE = ["#3d7ec9", "#e08e0b", "#2e9d58", "#d1495b", "#8e5cc9", "#5cb6c9", "#c95c9f", "#9aa5b1", "#6b8e23"]
@@ -202,10 +202,42 @@ def accuracy_chart(report: dict[str, Any]) -> str:
     )
 
 
+def sweep_chart(report: dict[str, Any]) -> str:
+    """Throughput bars per batch size, each labelled with its P99; the recommended batches marked."""
+    sweep = report.get("batch_sweep") or {}
+    rows = sweep.get("rows") or []
+    if not rows:
+        return ""
+    top = max(r["samples_per_s"] for r in rows) * 1.1
+    row, left, width = 26, 90, 480
+    body = []
+    for i, r in enumerate(rows):
+        y = 10 + i * row
+        w = r["samples_per_s"] / top * width
+        within = r["p99_ms"] <= sweep.get("latency_budget_ms", float("inf"))
+        mark = " max" if r["batch"] == sweep.get("max_batch") else ""
+        mark += " preferred" if r["batch"] == sweep.get("preferred_batch") else ""
+        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">batch {r["batch"]}</text>')
+        body.append(
+            f'<rect class="bar" x="{left}" y="{y + 3}" width="{max(w, 1):.1f}" height="16" '
+            f'fill="{GREEN if within else RED}"><title>{r["samples_per_s"]:.1f} samples/s</title></rect>'
+        )
+        body.append(
+            f'<text x="{left + w + 6:.1f}" y="{y + 15}" font-size="11">{r["samples_per_s"]:.1f}/s, '
+            f"P99 {r['p99_ms']:.1f} ms{mark}</text>"
+        )
+    title = (
+        f"Batch sweep of {sweep['stage']}: throughput per batch (green: P99 within "
+        f"{sweep.get('latency_budget_ms')} ms). {sweep.get('why', '')}"
+    )
+    return _svg(left + width + 220, 20 + len(rows) * row, body, title, "sweep")
+
+
 def _table(report: dict[str, Any], scen: str) -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for _, h in COLUMNS)
+    cols = columns(report)
+    head = "".join(f"<th>{_esc(h)}</th>" for _, h in cols)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{_esc(r[k])}</td>" for k, _ in COLUMNS) + "</tr>" for r in stage_rows(report, scen)
+        "<tr>" + "".join(f"<td>{_esc(r[k])}</td>" for k, _ in cols) + "</tr>" for r in stage_rows(report, scen)
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
@@ -235,6 +267,8 @@ def to_html(report: dict[str, Any]) -> str:
         name = scen["name"]
         parts.append(f"<h2>Scenario {_esc(name)} (batch {scen['batch']}, seq {scen['seq']})</h2>")
         parts += [waterfall(r, name), boxplots(r, name), _table(r, name)]
+    if (r.get("batch_sweep") or {}).get("rows"):
+        parts += ["<h2>Batch sweep</h2>", sweep_chart(r)]
     parts += [
         "<h2>Where the time goes inside each stage</h2>",
         op_breakdown(r),

@@ -22,10 +22,10 @@ from optimizer.inputs import FeedSet
 from optimizer.recipe import Recipe
 from optimizer.runners import runner_for
 from optimizer.runners.base import Session
-from optimizer.stats import LatencyStats, speedup
+from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 5
+MEASURE_VERSION = 6
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -122,6 +122,8 @@ def measure_stage(
                 "latency": stats.to_json(),
                 "throughput": _throughput(recipe, name, stats.mean_ms),
                 "iterations": len(child.samples()),
+                "rounds": len(child.rounds),
+                "median_ci_halfwidth": median_ci_halfwidth(child.samples()),
                 # Kept so that runs can be compared later (optimizer diff) with their real spread.
                 "samples_ms": [round(x, 4) for x in child.samples()],
             }
@@ -133,14 +135,16 @@ def measure_stage(
                 entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
                 entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()
             scenarios[name] = entry
-        op_times = {}
+        op_times: dict[str, float] = {}
+        nodes_executed = None
         if artifact.kind == "onnx":
             from optimizer.runners.ort_runner import op_time_breakdown
 
             progress("profiling op types", 0, 0)
-            op_times = op_time_breakdown(artifact, recipe, next(iter(feeds)).timing)
+            op_times, nodes_executed = op_time_breakdown(artifact, recipe, next(iter(feeds)).timing)
         metrics = {
             "op_time_ms": op_times,  # per run, first scenario, from ORT's profiler (a separate session)
+            "nodes_executed": nodes_executed,  # kernels ORT ran per call (after its own fusions)
             "runtime": session.describe(),
             "memory_mb": memory_mb,
             "gpu_memory_mb": gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)

@@ -113,6 +113,8 @@ class Pipeline:
                 self._notify()
                 if rec.status == "failed" and (rec.index == 0 or self.recipe.on_failure == "stop"):
                     stop_reason = f"stage {rec.name!r} failed (on_failure: {self.recipe.on_failure})"
+            if not stop_reason and self.measure and self.recipe.batch_sweep and self.recipe.workload == "forward":
+                self._sweep()
         except KeyboardInterrupt:
             if current is not None:
                 current.status, current.reason = "interrupted", "interrupted (Ctrl-C or SIGTERM)"
@@ -123,6 +125,27 @@ class Pipeline:
         finally:
             self.run.release()
         return self.records
+
+    def _sweep(self) -> None:
+        """The batch sweep of the chosen stage, cached in batch_sweep.json by stage key and settings."""
+        from optimizer.sweep import pick_stage, run_sweep
+
+        path = self.run.root / "batch_sweep.json"
+        stage = pick_stage(self.recipe, self.records)
+        if stage is None:
+            rd.write_json(path, {"key": None, "result": {"why": "no measured stage within the budget to sweep"}})
+            return
+        settings = recipe_dict(self.recipe)
+        key = rd.content_hash(stage.key, settings["batch_sweep"], settings["benchmark"], settings["target"])
+        cached = rd.read_json(path) if self.use_cache else None
+        if cached and cached.get("key") == key:
+            return
+        label = StageRecord(len(self.records), f"batch sweep of {stage.name}", "sweep", stage.name)
+        self.events.stage_start(label)
+        result = run_sweep(self.recipe, stage, self._progress(label))
+        label.status = "ran"
+        self.events.stage_end(label)
+        rd.write_json(path, {"key": key, "result": result})
 
     def record(self, name: str) -> StageRecord:
         return next(r for r in self.records if r.name == name)

@@ -131,6 +131,13 @@ class BenchmarkSettings(Strict):
     rounds: int = Field(default=10, ge=2, description="alternations between a stage and its parent")
     iterations: int = Field(default=10, ge=1, description="timed runs per round")
     min_round_seconds: float = Field(default=0.0, ge=0, description="grow a round until it lasts this long")
+    target_ci: float = Field(
+        default=0.0,
+        ge=0,
+        description="keep adding rounds until the median's 95% interval is within +/- this "
+        "fraction of it (0: exactly `rounds`)",
+    )
+    max_rounds: int = Field(default=40, ge=2, description="upper bound on rounds when target_ci is set")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
 
 
@@ -140,6 +147,13 @@ class AccuracyBudget(Strict):
     max: float | None = Field(default=None, description="for max_abs: the highest acceptable value")
     output: str | None = Field(default=None, description="output to judge; default: the first")
     samples: int = Field(default=4, ge=1, description="inputs per scenario compared with stage 0")
+
+
+class BatchSweep(Strict):
+    stage: str = Field(default="best", description="stage to sweep; best: the fastest within the accuracy budget")
+    batches: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16], min_length=1)
+    latency_budget_ms: float = Field(gt=0, description="the P99 a batch may take")
+    memory_budget_mb: float | None = Field(default=None, gt=0, description="default: half the memory available")
 
 
 class PassSpec(Strict):
@@ -168,6 +182,7 @@ class Recipe(Strict):
     workload: Literal["forward", "generation"] = Field(
         default="forward", description="generation: greedy decoding with a KV cache (causal LMs)"
     )
+    batch_sweep: BatchSweep | None = None
     on_failure: Literal["stop", "continue"] = "stop"
     seed: int = 0
     passes: list[PassSpec] = Field(default_factory=list)

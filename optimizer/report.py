@@ -14,11 +14,12 @@ from typing import Any
 
 from optimizer import __version__
 from optimizer.recipe import Recipe, recipe_dict
-from optimizer.rundir import write_json, write_text
+from optimizer.rundir import read_json, write_json, write_text
 from optimizer.stage import StageRecord
 from optimizer.threads import target_threads
 
 SCHEMA_VERSION = 1
+UNSTABLE_CV = 0.25  # like trtexec's variance warning: beyond this the latency distribution is not one number
 
 
 def environment() -> dict[str, Any]:
@@ -93,6 +94,9 @@ def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
         "failed_stages": failed,
         "wall_seconds": wall_seconds,
     }
+    sweep = read_json(out_dir / "batch_sweep.json") if recipe.batch_sweep else None
+    if sweep:
+        report["batch_sweep"] = sweep["result"]
     report["findings"] = findings(report)
     return report
 
@@ -110,6 +114,12 @@ def findings(report: dict[str, Any]) -> list[str]:
         if m and not m.get("within_budget", True):
             out.append(f"{label} is REJECTED: accuracy outside the budget ({m.get('budget')})")
         for scen, sm in (m.get("scenarios") or {}).items():
+            cv = (sm.get("latency") or {}).get("cv", 0.0)
+            if cv > UNSTABLE_CV:
+                out.append(
+                    f"{label} on {scen}: timing was unstable (coefficient of variation {cv:.0%}); "
+                    "treat its P99 with care, or raise benchmark.rounds / set benchmark.target_ci"
+                )
             vs = sm.get("vs_parent")
             if vs and vs["verdict"] == "slower":
                 out.append(
@@ -163,9 +173,55 @@ def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
                 "budget": "-" if not m else ("ok" if m.get("within_budget") else "REJECTED"),
                 "size_mb": "-" if size is None else f"{size / 2**20:.1f}",
                 "memory_mb": _fmt(m.get("memory_mb"), ".0f"),
+                "ttft": _fmt((sm.get("ttft") or {}).get("p50_ms")),
+                "tpot_p50": _fmt((sm.get("tpot") or {}).get("p50_ms")),
+                "tpot_p99": _fmt((sm.get("tpot") or {}).get("p99_ms")),
+                "tokens_per_s": _fmt((sm.get("throughput") or {}).get("tokens_per_s"), ".1f"),
+                "agreement": "-" if "token_agreement" not in first else f"{first['token_agreement']:.3f}",
+                "cv": "-" if not lat else f"{lat.get('cv', 0):.1%}",
             }
         )
     return rows
+
+
+GENERATION_COLUMNS = [
+    ("stage", "stage"),
+    ("parent", "parent"),
+    ("status", "status"),
+    ("ttft", "TTFT P50 ms"),
+    ("tpot_p50", "TPOT P50 ms"),
+    ("tpot_p99", "TPOT P99 ms"),
+    ("tokens_per_s", "tokens/s"),
+    ("p50", "task P50 ms"),
+    ("vs_parent", "vs parent"),
+    ("vs_source", "vs stage 0"),
+    ("agreement", "token agree"),
+    ("cosine", "logits cos"),
+    ("budget", "budget"),
+    ("size_mb", "size MB"),
+]
+
+
+def columns(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table's columns: generation runs show TTFT/TPOT/tokens/s instead of one-shot latency."""
+    return GENERATION_COLUMNS if report["recipe"].get("workload") == "generation" else COLUMNS
+
+
+def scenario_summary(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Stage x scenario: P50 (vs stage 0) in each cell, because a pass can help one scenario and hurt another."""
+    names = [s["name"] for s in report["scenarios"]]
+    rows = []
+    for st in report["stages"]:
+        scen = (st.get("metrics") or {}).get("scenarios") or {}
+        cells = [f"{st['index']:02d} {st['name']}"]
+        for n in names:
+            if n in scen:
+                vs0 = (st.get("vs_source") or {}).get(n)
+                cells.append(f"{scen[n]['latency']['p50_ms']:.2f}" + (f" ({vs0:.2f}x)" if vs0 else ""))
+            else:
+                cells.append(st["status"])
+        rows.append(cells)
+    return ["stage", *names], rows
 
 
 COLUMNS = [
@@ -198,11 +254,38 @@ def to_markdown(report: dict[str, Any]) -> str:
     ]
     for scen in r["scenarios"]:
         lines += [f"## Scenario {scen['name']} (batch {scen['batch']}, seq {scen['seq']})", ""]
-        lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
-        lines.append("|" + "---|" * len(COLUMNS))
+        cols = columns(r)
+        lines.append("| " + " | ".join(h for _, h in cols) + " |")
+        lines.append("|" + "---|" * len(cols))
         for row in stage_rows(r, scen["name"]):
-            lines.append("| " + " | ".join(row[k].replace("|", "/") for k, _ in COLUMNS) + " |")
+            lines.append("| " + " | ".join(row[k].replace("|", "/") for k, _ in cols) + " |")
         lines.append("")
+    if len(r["scenarios"]) > 1:
+        head, rows = scenario_summary(r)
+        lines += (
+            [
+                "## Scenario x stage (P50 ms, speedup vs stage 0)",
+                "",
+                "| " + " | ".join(head) + " |",
+                "|" + "---|" * len(head),
+            ]
+            + ["| " + " | ".join(row) + " |" for row in rows]
+            + [""]
+        )
+    sweep = r.get("batch_sweep")
+    if sweep and sweep.get("rows"):
+        lines += [
+            f"## Batch sweep of `{sweep['stage']}` (seq {sweep['seq']})",
+            "",
+            "| batch | P50 ms | P99 ms | samples/s | memory growth MB |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {x['batch']} | {x['p50_ms']:.2f} | {x['p99_ms']:.2f} | {x['samples_per_s']:.1f} | "
+            f"{x['memory_growth_mb']:.0f} |"
+            for x in sweep["rows"]
+        ]
+        lines += ["", f"Recommendation: {sweep['why']}", ""]
     if r.get("findings"):
         lines += ["## Findings", ""] + [f"- {f}" for f in r["findings"]] + [""]
     lines += ["## Stages", ""]
@@ -215,7 +298,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         if m.get("runtime"):
             lines.append(f"- runtime: {m['runtime']}")
         if m.get("graph"):
-            lines.append(f"- nodes: {m['graph']['nodes']}; op types: {m['graph']['op_types']}")
+            lines.append(
+                f"- nodes in the graph: {m['graph']['nodes']}; executed per call: "
+                f"{m.get('nodes_executed') or '-'}; op types: {m['graph']['op_types']}"
+            )
         if m.get("budget"):
             lines.append(f"- accuracy: {m['budget']} ({'within budget' if m.get('within_budget') else 'REJECTED'})")
         if st.get("pass_seconds") is not None:

@@ -67,3 +67,17 @@ def speedup(
     low, high = min(low, ratio), max(high, ratio)
     verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
     return Speedup(ratio, low, high, verdict)
+
+
+def median_ci_halfwidth(samples: list[float] | np.ndarray) -> float:
+    """Relative half-width of the median's distribution-free 95% interval (order statistics: ranks
+    n/2 -/+ 1.96 sqrt(n)/2). Infinite with too few samples to say."""
+    a = np.sort(np.asarray(samples, dtype=np.float64))
+    n = a.size
+    if n < 6:
+        return float("inf")
+    half = 1.96 * np.sqrt(n) / 2
+    lo, hi = int(np.floor(n / 2 - half)), int(np.ceil(n / 2 + half))
+    lo, hi = max(lo, 0), min(hi, n - 1)
+    med = float(np.median(a))
+    return float((a[hi] - a[lo]) / (2 * med)) if med > 0 else float("inf")

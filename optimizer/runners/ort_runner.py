@@ -175,7 +175,9 @@ class OrtRunner(Runner):
         return cls(session, self.artifact.runtime, threads)
 
 
-def op_time_breakdown(artifact: Any, recipe: Any, feed: dict[str, np.ndarray], runs: int = 10) -> dict[str, float]:
+def op_time_breakdown(
+    artifact: Any, recipe: Any, feed: dict[str, np.ndarray], runs: int = 10
+) -> tuple[dict[str, float], int]:
     """Milliseconds per run spent in each op type, from ONNX Runtime's profiler (its per-node kernel times).
 
     A separate, profiled session: profiling adds overhead, so these numbers never mix with the timed ones.
@@ -200,8 +202,11 @@ def op_time_breakdown(artifact: Any, recipe: Any, feed: dict[str, np.ndarray], r
         path = session.end_profiling()
         events = json.loads(Path(path).read_text())
     totals: dict[str, float] = {}
+    kernels = 0
     for ev in events:
         if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
             op = ev.get("args", {}).get("op_name", "?")
             totals[op] = totals.get(op, 0.0) + ev.get("dur", 0) / 1000.0
-    return {op: t / (runs + 1) for op, t in sorted(totals.items(), key=lambda kv: -kv[1])}
+            kernels += 1
+    per_run = {op: t / (runs + 1) for op, t in sorted(totals.items(), key=lambda kv: -kv[1])}
+    return per_run, round(kernels / (runs + 1))

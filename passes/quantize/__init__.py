@@ -27,7 +27,7 @@ class Calibration(PassConfig):
 
 class HybridSettings(PassConfig):
     min_cosine: float | None = Field(default=None, description="default: the recipe's accuracy budget (cosine)")
-    margin: float = Field(default=0.002, ge=0, description="head-room kept on the search inputs")
+    margin: float = Field(default=0.003, ge=0, description="head-room kept on the search inputs")
 
 
 class QuantizeConfig(PassConfig):
@@ -112,7 +112,7 @@ class QuantizePass(Pass):
             if cfg.mode == "int8_dynamic":
                 modes.int8_dynamic(src, dst, cfg.per_channel, cfg.op_types, None, cfg.exclude_nodes)
             elif cfg.mode == "int8_static":
-                feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, progress)
+                feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, progress, all_scenarios=False)
                 notes["calibration"] = {**info, "method": cfg.calibration.method}
                 reader = FeedReader(feeds, ctx.feeds.input_names)
                 modes.int8_static(

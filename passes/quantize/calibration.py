@@ -17,20 +17,29 @@ from optimizer.inputs import Feed, _generate, _tokenizer, read_sentences
 from optimizer.recipe import Recipe
 
 
-def calibration_feeds(recipe: Recipe, count: int, progress: Any = None) -> tuple[list[Feed], dict[str, Any]]:
-    scenario = recipe.scenarios[0]
+def calibration_feeds(
+    recipe: Recipe, count: int, progress: Any = None, all_scenarios: bool = True
+) -> tuple[list[Feed], dict[str, Any]]:
+    """`count` inputs, taking the recipe's scenarios in turn: calibrate on the shapes that will be served (padding
+    at seq 512 is not padding at seq 128, and the error it causes is not either). ORT's histogram calibrators
+    (Entropy, Percentile) need one shape, so static calibration takes the first scenario only."""
+    scenarios = recipe.scenarios if all_scenarios else recipe.scenarios[:1]
     names = [s.name for s in recipe.inputs]
     feeds: list[Feed] = []
-    info: dict[str, Any] = {"samples": count, "scenario": scenario.name}
+    info: dict[str, Any] = {"samples": count, "scenarios": [s.name for s in scenarios]}
     if recipe.text:
         sentences = read_sentences(recipe)
         tokenizer = _tokenizer(recipe)
         held_out = sum(sf.batch * recipe.accuracy.samples for sf in recipe.scenarios)
         pool = sentences[::-1]
+        used = sum(scenarios[i % len(scenarios)].batch for i in range(count))
         info["source"] = "text (from the end of the file)"
-        info["overlap_with_accuracy_sentences"] = max(0, min(count * scenario.batch, len(pool)) + held_out - len(pool))
+        info["overlap_with_accuracy_sentences"] = max(0, min(used, len(pool)) + held_out - len(pool))
+        cursor = 0
         for i in range(count):
-            batch = [pool[(i * scenario.batch + j) % len(pool)] for j in range(scenario.batch)]
+            scenario = scenarios[i % len(scenarios)]
+            batch = [pool[(cursor + j) % len(pool)] for j in range(scenario.batch)]
+            cursor += scenario.batch
             enc = tokenizer(batch, padding="max_length", truncation=True, max_length=scenario.seq, return_tensors="np")
             wanted = names or list(enc.keys())
             feed = {n: np.asarray(enc[n]).astype(np.int64) for n in wanted if n in enc}
@@ -43,6 +52,7 @@ def calibration_feeds(recipe: Recipe, count: int, progress: Any = None) -> tuple
         info["source"] = "generated from the input specs (seed + 1000)"
         rng = np.random.default_rng(recipe.seed + 1000)
         for i in range(count):
+            scenario = scenarios[i % len(scenarios)]
             feeds.append({s.name: _generate(s, scenario, rng) for s in recipe.inputs})
             if progress:
                 progress("calibration inputs", i + 1, count)
