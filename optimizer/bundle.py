@@ -85,8 +85,10 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
     stage = pick_stage(report, stage_name)
     artifact = Artifact.from_json(stage["artifact"])
     run_dir = Path(report["run_dir"])
-    if artifact.path is not None and not artifact.path.is_absolute():
-        artifact = Artifact(artifact.kind, run_dir / stage["folder"] / artifact.path, artifact.runtime, artifact.meta)
+    if artifact.path is not None and not artifact.path.is_file():  # the run folder moved, or a relative path
+        artifact = Artifact(
+            artifact.kind, run_dir / stage["folder"] / artifact.path.name, artifact.runtime, artifact.meta
+        )
     if fmt == "tensorrt" and artifact.kind != "trt_engine":
         raise OptimizerError(
             f"--format tensorrt: stage {stage['name']!r} is {artifact.kind}, not a TensorRT engine "
@@ -101,7 +103,7 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
     model_dir.mkdir(parents=True, exist_ok=True)
     for f in artifact.files():
         shutil.copyfile(f, model_dir / ("model.onnx" if f == artifact.path else f.name))
-    recipe = parse_recipe(report["recipe"], "report.json", run_dir)
+    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or run_dir))
     feeds = build_feeds(recipe, 1)
     arrays: dict[str, np.ndarray] = {}
     bundled = Artifact("onnx", model_dir / "model.onnx", artifact.runtime, artifact.meta)

@@ -79,7 +79,7 @@ class Pipeline:
     ) -> None:
         self.recipe = recipe
         self.measure = measure
-        self.run = rd.RunDir(out_dir)
+        self.run = rd.RunDir(out_dir.resolve())  # absolute: artifact paths in the report work from anywhere
         self.events = events or NullEvents()
         self.use_cache = use_cache
         self.records: list[StageRecord] = []

@@ -81,6 +81,7 @@ def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
         "recipe": recipe_dict(recipe),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "run_dir": str(out_dir),
+        "recipe_dir": str(recipe.base_dir),  # relative paths in the recipe (text files, models) resolve here
         "environment": environment(),
         "settings": {
             "device": recipe.target.device,
