@@ -16,7 +16,7 @@ from optimizer.errors import OptimizerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Model optimization compiler.")
 # Piped output (CI logs, files) gets a width that fits the stage table instead of rich's default 80.
-out = Console() if Console().is_terminal else Console(width=160)
+out = Console() if Console().is_terminal else Console(width=220)
 err = Console(stderr=True) if Console(stderr=True).is_terminal else Console(stderr=True, width=1000)
 STATE: dict[str, Any] = {"debug": False, "history": None}
 
