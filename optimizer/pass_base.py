@@ -58,10 +58,16 @@ class Pass(ABC):
     def __init__(self, config: PassConfig) -> None:
         self.config = config
 
+    # Python modules the pass needs; a missing one makes the pass unavailable here, with that reason.
+    requires: ClassVar[tuple[str, ...]] = ()
+
     @classmethod
     def environment_reason(cls) -> str | None:
         """Why this pass cannot run on this machine at all (missing library, no GPU), or None."""
-        return None
+        import importlib.util
+
+        missing = [m for m in cls.requires if importlib.util.find_spec(m) is None]
+        return f"{', '.join(missing)} not installed" if missing else None
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         """Why this pass cannot run on this artifact here, or None."""

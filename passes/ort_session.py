@@ -30,12 +30,7 @@ class OrtSessionPass(Pass):
     summary = "ONNX Runtime's own graph optimizations, switched on as a stage of their own"
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
-
-    @classmethod
-    def environment_reason(cls) -> str | None:
-        import importlib.util
-
-        return None if importlib.util.find_spec("onnxruntime") else "onnxruntime is not installed"
+    requires = ("onnxruntime",)
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnxruntime as ort

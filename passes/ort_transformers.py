@@ -29,12 +29,7 @@ class OrtTransformersPass(Pass):
     summary = "onnxruntime.transformers.optimizer (ORT's own fusion tool), for comparison with `fuse`"
     Config = OrtTransformersConfig
     consumes = frozenset({"onnx"})
-
-    @classmethod
-    def environment_reason(cls) -> str | None:
-        import importlib.util
-
-        return None if importlib.util.find_spec("onnxruntime") else "onnxruntime is not installed"
+    requires = ("onnxruntime",)
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         if artifact.meta.get("decode"):

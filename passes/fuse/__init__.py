@@ -80,13 +80,7 @@ class FusePass(Pass):
     summary = "our fusion rules: attention+QKV merge, LayerNorm/SkipLayerNorm, GELU/BiasGelu, Gemm, Conv+BN/act"
     Config = FuseConfig
     consumes = frozenset({"onnx"})
-
-    @classmethod
-    def environment_reason(cls) -> str | None:
-        import importlib.util
-
-        missing = [m for m in ("onnx_graphsurgeon", "onnxruntime") if importlib.util.find_spec(m) is None]
-        return f"{', '.join(missing)} not installed" if missing else None
+    requires = ("onnx_graphsurgeon", "onnxruntime")
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         if artifact.meta.get("decode"):

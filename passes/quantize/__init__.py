@@ -48,12 +48,7 @@ class QuantizePass(Pass):
     summary = "INT8 (dynamic, static QDQ), FP16, and hybrid INT8/FP32 chosen per node under the accuracy budget"
     Config = QuantizeConfig
     consumes = frozenset({"onnx"})
-
-    @classmethod
-    def environment_reason(cls) -> str | None:
-        import importlib.util
-
-        return None if importlib.util.find_spec("onnxruntime") else "onnxruntime is not installed"
+    requires = ("onnxruntime",)
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
