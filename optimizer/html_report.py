@@ -14,6 +14,8 @@ import html
 import math
 from typing import Any
 
+import numpy as np
+
 from optimizer.report import columns, stage_rows
 
 GREEN, RED, GREY, BLUE = "#2e9d58", "#d1495b", "#9aa5b1", "#3d7ec9"
@@ -87,8 +89,8 @@ def boxplots(report: dict[str, Any], scen: str) -> str:
         return ""
     stats = []
     for st in stages:
-        xs = sorted(st["metrics"]["scenarios"][scen]["samples_ms"])
-        q = [xs[min(len(xs) - 1, int(p * (len(xs) - 1)))] for p in (0.0, 0.25, 0.5, 0.75, 0.99)]
+        xs = st["metrics"]["scenarios"][scen]["samples_ms"]
+        q = [float(v) for v in np.percentile(xs, [0, 25, 50, 75, 99])]  # as LatencyStats computes them
         stats.append((st["name"], q))
     top = max(q[4] for _, q in stats) * 1.08
     row, left, width = 26, 170, 520
@@ -269,9 +271,10 @@ def to_html(report: dict[str, Any]) -> str:
         parts += [waterfall(r, name), boxplots(r, name), _table(r, name)]
     if (r.get("batch_sweep") or {}).get("rows"):
         parts += ["<h2>Batch sweep</h2>", sweep_chart(r)]
+    ops = op_breakdown(r)
     parts += [
-        "<h2>Where the time goes inside each stage</h2>",
-        op_breakdown(r),
+        "<h2>Where the time goes inside each stage</h2>" if ops else "",
+        ops,
         "<h2>Accuracy</h2>",
         accuracy_chart(r),
         "</body></html>",
