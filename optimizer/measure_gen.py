@@ -18,7 +18,7 @@ from optimizer.inputs import FeedSet
 from optimizer.measure import Progress, Reference, _rss
 from optimizer.recipe import Recipe
 from optimizer.runners.gen_runner import generator_for
-from optimizer.stats import LatencyStats, speedup
+from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
 
 
 def _as_reference(g: Generation) -> list[np.ndarray]:
@@ -27,6 +27,12 @@ def _as_reference(g: Generation) -> list[np.ndarray]:
 
 def _from_reference(arrays: list[np.ndarray]) -> Generation:
     return Generation(arrays[0], list(arrays[1]))
+
+
+def _loose(child_rounds: list[list[Generation]], r: int, settings: Any) -> bool:
+    """benchmark.target_ci: keep adding rounds until the task time's median is pinned down (or max_rounds)."""
+    e2e = [g.e2e_ms for rnd in child_rounds for g in rnd]
+    return settings.target_ci > 0 and r < settings.max_rounds and median_ci_halfwidth(e2e) > settings.target_ci
 
 
 def measure_generation_stage(
@@ -71,9 +77,12 @@ def measure_generation_stage(
             for _ in range(min(settings.warmup, 2)):
                 g.generate(prompt, new)
         runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
-        for r in range(settings.rounds):
+        r = 0
+
+        while r < settings.rounds or _loose(runs["child"], r, settings):
             for name, g in sides if r % 2 == 0 else sides[::-1]:
                 runs[name].append([g.generate(prompt, new) for _ in range(settings.iterations)])
+            r += 1
             done += 1
             progress(f"generating {sf.scenario.name}", done, total)
         child = [g for rnd in runs["child"] for g in rnd]
@@ -88,6 +97,7 @@ def measure_generation_stage(
                 "samples_per_s": batch * 1000 / e2e.mean_ms,
             },
             "iterations": len(child),
+            "rounds": r,
             "prompt_tokens": int(prompt.shape[1]),
             "new_tokens": new,
             "samples_ms": [round(g.e2e_ms, 4) for g in child],
