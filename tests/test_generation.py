@@ -119,3 +119,12 @@ def test_quantized_generation_and_declines(gen_run: list) -> None:
     assert 0 <= acc["token_agreement"] <= 1 and acc["cosine"] > 0.9
     assert int8.metrics["within_budget"] == (acc["token_agreement"] >= 1.0)
     assert fuse.status == "skipped" and "not fused yet" in fuse.reason
+
+
+def test_generation_on_cuda_is_refused_up_front(tmp_path: Path) -> None:
+    from optimizer.errors import RecipeError
+
+    data = recipe_data([{"type": "export"}])
+    data["target"] = {"device": "cuda"}
+    with pytest.raises(RecipeError, match="target.device: generation workloads run on the CPU only"):
+        load_recipe(write_recipe(tmp_path, data))
