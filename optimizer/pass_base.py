@@ -60,6 +60,9 @@ class Pass(ABC):
 
     # Python modules the pass needs; a missing one makes the pass unavailable here, with that reason.
     requires: ClassVar[tuple[str, ...]] = ()
+    # Whether the pass handles generation artifacts (a prefill graph plus a decode graph). A pass that does not
+    # would silently transform the prefill graph alone, so it declines them.
+    handles_generation: ClassVar[bool] = False
 
     @classmethod
     def environment_reason(cls) -> str | None:
@@ -73,6 +76,8 @@ class Pass(ABC):
         """Why this pass cannot run on this artifact here, or None."""
         if artifact.kind not in self.consumes:
             return f"takes {'/'.join(sorted(self.consumes))} artifacts, got {artifact.kind}"
+        if artifact.meta.get("decode") and not self.handles_generation:
+            return f"{self.name} does not handle generation graphs (prefill + decode with a KV cache) yet"
         return self.environment_reason()
 
     @abstractmethod

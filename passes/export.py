@@ -71,6 +71,7 @@ class ExportPass(Pass):
     summary = "PyTorch -> ONNX (torch.onnx.export), checked against PyTorch on every scenario"
     Config = ExportConfig
     consumes = frozenset({"torch"})
+    handles_generation = True
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import torch

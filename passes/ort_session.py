@@ -31,6 +31,7 @@ class OrtSessionPass(Pass):
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
     requires = ("onnxruntime",)
+    handles_generation = True
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnxruntime as ort

@@ -31,11 +31,6 @@ class OrtTransformersPass(Pass):
     consumes = frozenset({"onnx"})
     requires = ("onnxruntime",)
 
-    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
-        if artifact.meta.get("decode"):
-            return "generation graphs (prefill + decode) are not supported by this pass yet"
-        return super().skip_reason(artifact, ctx)
-
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         from onnxruntime.transformers.optimizer import optimize_model
 

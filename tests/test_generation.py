@@ -118,7 +118,7 @@ def test_quantized_generation_and_declines(gen_run: list) -> None:
     acc = int8.metrics["accuracy"]["generation"]
     assert 0 <= acc["token_agreement"] <= 1 and acc["cosine"] > 0.9
     assert int8.metrics["within_budget"] == (acc["token_agreement"] >= 1.0)
-    assert fuse.status == "skipped" and "not fused yet" in fuse.reason
+    assert fuse.status == "skipped" and "fuse does not handle generation graphs" in fuse.reason
 
 
 def test_generation_on_cuda_is_refused_up_front(tmp_path: Path) -> None:
@@ -128,3 +128,14 @@ def test_generation_on_cuda_is_refused_up_front(tmp_path: Path) -> None:
     data["target"] = {"device": "cuda"}
     with pytest.raises(RecipeError, match="target.device: generation workloads run on the CPU only"):
         load_recipe(write_recipe(tmp_path, data))
+
+
+@pytest.mark.parametrize("name", ["fuse", "ort_transformers", "tensorrt", "cuda_graph"])
+def test_passes_that_would_touch_only_the_prefill_graph_decline(name: str) -> None:
+    from optimizer.artifact import Artifact
+    from optimizer.registry import pass_class
+
+    cls = pass_class(name)
+    gen = Artifact("onnx", Path("prefill.onnx"), {}, {"decode": "decode.onnx", "layers": 2})
+    reason = cls(cls.Config()).skip_reason(gen, None)  # type: ignore[arg-type]
+    assert reason == f"{name} does not handle generation graphs (prefill + decode with a KV cache) yet"

@@ -82,11 +82,6 @@ class FusePass(Pass):
     consumes = frozenset({"onnx"})
     requires = ("onnx_graphsurgeon", "onnxruntime")
 
-    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
-        if artifact.meta.get("decode"):
-            return "generation graphs (prefill + decode with a KV cache) are not fused yet"
-        return super().skip_reason(artifact, ctx)
-
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnx_graphsurgeon as gs
 

@@ -49,6 +49,7 @@ class QuantizePass(Pass):
     Config = QuantizeConfig
     consumes = frozenset({"onnx"})
     requires = ("onnxruntime",)
+    handles_generation = True
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
