@@ -133,7 +133,9 @@ class Pipeline:
         path = self.run.root / "batch_sweep.json"
         stage = pick_stage(self.recipe, self.records)
         if stage is None:
-            rd.write_json(path, {"key": None, "result": {"why": "no measured stage within the budget to sweep"}})
+            which = self.recipe.batch_sweep.stage if self.recipe.batch_sweep else "best"
+            why = f"batch_sweep.stage {which!r}: no such stage with an artifact (best: none measured within budget)"
+            rd.write_json(path, {"key": None, "result": {"why": why}})
             return
         settings = recipe_dict(self.recipe)
         key = rd.content_hash(stage.key, settings["batch_sweep"], settings["benchmark"], settings["target"])

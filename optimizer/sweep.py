@@ -24,13 +24,16 @@ from optimizer.stats import LatencyStats
 
 
 def pick_stage(recipe: Recipe, records: list[StageRecord]) -> StageRecord | None:
-    name = recipe.batch_sweep.stage if recipe.batch_sweep else "best"
-    ok = [r for r in records if r.ok and r.metrics and r.artifact is not None and r.artifact.kind != "torch"]
-    if name != "best":
-        return next((r for r in ok if r.name == name), None)
-    first = recipe.scenarios[0].name
-    within = [r for r in ok if r.metrics.get("within_budget")]
-    return min(within, key=lambda r: r.metrics["scenarios"][first]["latency"]["p50_ms"], default=None)
+    """The stage to sweep, chosen as `optimizer export --stage` chooses (bundle.pick_stage), or None."""
+    from optimizer.bundle import pick_stage as choose
+    from optimizer.errors import OptimizerError
+
+    view = {"scenarios": [{"name": recipe.scenarios[0].name}], "stages": [r.to_json() for r in records]}
+    try:
+        chosen = choose(view, recipe.batch_sweep.stage if recipe.batch_sweep else "best")
+    except OptimizerError:
+        return None
+    return next(r for r in records if r.name == chosen["name"])
 
 
 def run_sweep(recipe: Recipe, stage: StageRecord, progress: Any = None) -> dict[str, Any]:
