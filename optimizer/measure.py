@@ -25,7 +25,7 @@ from optimizer.runners.base import Session
 from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 6
+MEASURE_VERSION = 7
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -131,6 +131,10 @@ def measure_stage(
                 entry["gpu_latency"] = LatencyStats.of([x for r in child.device_rounds for x in r]).to_json()
                 entry["transfers"] = session.transfer_ms(sf.timing)  # type: ignore[attr-defined]
                 entry["nvml"] = sampler.summary() if sampler is not None else {}
+            if recipe.target.device == "cuda":  # kernels run and host launches per call (any runtime, via CUPTI)
+                from optimizer.gpu.kernels import profile_kernels
+
+                entry["cuda_kernels"] = profile_kernels(lambda p=prepared[name]: session.run(p))
             if other is not None:
                 entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
                 entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()

@@ -15,7 +15,7 @@ import numpy as np
 from optimizer.artifact import Artifact
 from optimizer.generation import Generation, agreement
 from optimizer.inputs import FeedSet
-from optimizer.measure import Progress, Reference, _rss
+from optimizer.measure import Progress, Reference, _gpu_allocated, _gpu_peak, _rss
 from optimizer.recipe import Recipe
 from optimizer.runners.gen_runner import generator_for
 from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
@@ -46,6 +46,7 @@ def measure_generation_stage(
     settings = recipe.benchmark
     gc.collect()
     before = _rss()
+    gpu_before = _gpu_allocated(recipe)
     gen = generator_for(artifact, recipe)
     outputs: Reference = {}
     for sf in feeds:
@@ -53,6 +54,7 @@ def measure_generation_stage(
             _as_reference(gen.generate(f["input_ids"], sf.scenario.new_tokens)) for f in sf.samples
         ]
     memory_mb = (_rss() - before) / 2**20
+    gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
     new_reference = outputs if reference is None else None
     ref = reference if reference is not None else outputs
     worst: dict[str, float] = {"token_agreement": 1.0, "cosine": 1.0, "logits_cosine_min": 1.0}
@@ -73,15 +75,15 @@ def measure_generation_stage(
     for sf in feeds:
         prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
         sides = [("child", gen)] + ([("parent", parent_gen)] if parent_gen is not None else [])
-        for _, g in sides:
-            for _ in range(min(settings.warmup, 2)):
-                g.generate(prompt, new)
+        for _, g in sides:  # at least once: a CUDA-graph stage captures its decode step on its first generation
+            for _ in range(max(1, min(settings.warmup, 2))):
+                g.generate(prompt, new, keep_logits=False)
         runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
         r = 0
 
         while r < settings.rounds or _loose(runs["child"], r, settings):
             for name, g in sides if r % 2 == 0 else sides[::-1]:
-                runs[name].append([g.generate(prompt, new) for _ in range(settings.iterations)])
+                runs[name].append([g.generate(prompt, new, keep_logits=False) for _ in range(settings.iterations)])
             r += 1
             done += 1
             progress(f"generating {sf.scenario.name}", done, total)
@@ -107,16 +109,24 @@ def measure_generation_stage(
             c_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["child"]]
             entry["parent_latency"] = LatencyStats.of([x for rnd in p_rounds for x in rnd]).to_json()
             entry["vs_parent"] = speedup(p_rounds, c_rounds, settings.confidence).to_json()
+        if recipe.target.device == "cuda":  # per whole task (prefill + new_tokens - 1 decode steps)
+            from optimizer.gpu.kernels import profile_kernels
+
+            entry["cuda_kernels"] = profile_kernels(lambda g=gen, p=prompt, n=new: g.generate(p, n, False), calls=1)
         scenarios[sf.scenario.name] = entry
     runtime = {
-        "runtime": "pytorch-eager" if artifact.kind == "torch" else "onnxruntime",
-        "loop": "greedy, KV cache, fixed new_tokens",
-        **({k: v for k, v in artifact.runtime.items()}),
+        "runtime": "pytorch" if artifact.kind == "torch" else "onnxruntime",
+        "device": recipe.target.device,
+        "loop": "greedy, KV cache, fixed new_tokens, each token copied to the host as produced",
+        "kv_cache": "dynamic",
+        **artifact.runtime,
+        **(gen.describe() if hasattr(gen, "describe") else {}),
     }
     metrics = {
         "workload": "generation",
         "runtime": runtime,
         "memory_mb": memory_mb,
+        "gpu_memory_mb": gpu_memory_mb,
         "accuracy": accuracy,
         "within_budget": within,
         "budget": why,

@@ -232,8 +232,6 @@ def _check_structure(recipe: Recipe, path: str) -> None:
     model = recipe.model
     if recipe.workload == "generation" and getattr(model, "task", None) != "causal-lm":
         raise RecipeError(path, "workload", "generation needs a causal LM: set model.task: causal-lm")
-    if recipe.workload == "generation" and recipe.target.device != "cpu":
-        raise RecipeError(path, "target.device", "generation workloads run on the CPU only for now (no CUDA loop yet)")
     if isinstance(model, OnnxSource) and not recipe.resolve(model.path).is_file():
         raise RecipeError(path, "model.path", f"no such file: {recipe.resolve(model.path)}")
     if isinstance(model, HFFolderSource):

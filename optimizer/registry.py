@@ -14,6 +14,7 @@ PASSES: dict[str, str] = {
     "fuse": "passes.fuse:FusePass",
     "ort_transformers": "passes.ort_transformers:OrtTransformersPass",
     "quantize": "passes.quantize:QuantizePass",
+    "static_kv_cache": "passes.static_kv_cache:StaticKVCachePass",
     "cuda_graph": "passes.cuda_graph:CudaGraphPass",
     "tensorrt": "passes.tensorrt:TensorRTPass",
 }

@@ -105,8 +105,10 @@ def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
 def findings(report: dict[str, Any]) -> list[str]:
     """Plain sentences about what went wrong or backwards: failures, rejections, performance inversions."""
     out: list[str] = []
+    by_name = {st["name"]: st for st in report["stages"]}
     for st in report["stages"]:
         label = f"{st['name']} ({st['type']})"
+        out += _launch_findings(st, by_name.get(st.get("parent") or ""), label)
         if st.get("reason") and (
             st["status"] in ("failed", "skipped", "interrupted") or st["reason"].startswith("not measured")
         ):
@@ -128,6 +130,35 @@ def findings(report: dict[str, Any]) -> list[str]:
                     f"({st['parent']}), beyond noise (CI {vs['low']:.2f}-{vs['high']:.2f}x)"
                 )
     return out
+
+
+MORE_LAUNCHES = 0.10  # a stage issuing >= 10% more kernel launches per call than its input is worth a line
+
+
+def _kernels(st: dict[str, Any] | None, scenario: str) -> dict[str, Any] | None:
+    sm = ((st or {}).get("metrics") or {}).get("scenarios", {}).get(scenario, {})
+    k = sm.get("cuda_kernels")
+    return k if k and "launches" in k else None
+
+
+def _launch_findings(st: dict[str, Any], parent: dict[str, Any] | None, label: str) -> list[str]:
+    """The seeds' "37% more kernel launches": said per scenario where a stage launches more than its input."""
+    out = []
+    for scen in (st.get("metrics") or {}).get("scenarios") or {}:
+        mine, theirs = _kernels(st, scen), _kernels(parent, scen)
+        if mine and theirs and theirs["launches"] > 0:
+            more = mine["launches"] / theirs["launches"] - 1
+            if more >= MORE_LAUNCHES:
+                out.append(
+                    f"{label} on {scen}: {more:.0%} more kernel launches per call than its input "
+                    f"({parent['name']}): {mine['launches']:.0f} vs {theirs['launches']:.0f}"  # type: ignore[index]
+                )
+    return out
+
+
+def kernels_cell(k: dict[str, Any] | None) -> str:
+    """'412/3': kernels run on the device / launch calls the host made for them (a CUDA graph replay is one)."""
+    return "-" if not k or "launches" not in k else f"{k['kernels']:.0f}/{k['launches']:.0f}"
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -180,6 +211,7 @@ def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
                 "tokens_per_s": _fmt((sm.get("throughput") or {}).get("tokens_per_s"), ".1f"),
                 "agreement": "-" if "token_agreement" not in first else f"{first['token_agreement']:.3f}",
                 "cv": "-" if not lat else f"{lat.get('cv', 0):.1%}",
+                "kernels": kernels_cell(sm.get("cuda_kernels")),
             }
         )
     return rows
@@ -204,8 +236,15 @@ GENERATION_COLUMNS = [
 
 
 def columns(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """The table's columns: generation runs show TTFT/TPOT/tokens/s instead of one-shot latency."""
-    return GENERATION_COLUMNS if report["recipe"].get("workload") == "generation" else COLUMNS
+    """The table's columns: generation runs show TTFT/TPOT/tokens/s instead of one-shot latency; CUDA runs add
+    kernels run / host launches per call."""
+    cols = GENERATION_COLUMNS if report["recipe"].get("workload") == "generation" else COLUMNS
+    counted = any(
+        "cuda_kernels" in sm
+        for st in report["stages"]
+        for sm in ((st.get("metrics") or {}).get("scenarios") or {}).values()
+    )
+    return [*cols, ("kernels", "kernels/launches")] if counted else cols
 
 
 def scenario_summary(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

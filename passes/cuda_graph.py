@@ -28,6 +28,7 @@ class CudaGraphPass(Pass):
     summary = "CUDA Graph capture/replay (PyTorch, ORT CUDA EP, TensorRT), as its own stage"
     Config = CudaGraphConfig
     consumes = frozenset({"torch", "onnx", "trt_engine"})
+    handles_generation = True  # the PyTorch decode step over a static KV cache; the ONNX decode graph declines
 
     @classmethod
     def environment_reason(cls) -> str | None:
@@ -41,6 +42,14 @@ class CudaGraphPass(Pass):
             return reason
         if ctx.recipe.target.device != "cuda":
             return "target.device is cpu: CUDA graphs need target.device: cuda"
+        if artifact.meta.get("decode"):
+            return (
+                "the ONNX decode graph grows its KV cache by one position per token (new shapes every step), so "
+                "ONNX Runtime cannot capture it; a static-cache decode graph is not exported yet"
+            )
+        growing = artifact.runtime.get("kv_cache") != "static"
+        if ctx.recipe.workload == "generation" and artifact.kind == "torch" and growing:
+            return "a decoder with a growing KV cache cannot be captured: put a static_kv_cache stage before it"
         if artifact.kind == "onnx":
             return onnx_blockers(artifact)
         if artifact.kind == "trt_engine":
@@ -50,6 +59,9 @@ class CudaGraphPass(Pass):
         return None
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        if artifact.path is None and ctx.recipe.workload == "generation":
+            out = artifact.with_runtime(cuda_graph=True)
+            return PassResult(out, modified=True, notes={"captured": "torch decode step", **_check_decode(ctx)})
         if artifact.path is None:  # a PyTorch source: nothing to copy, the runner captures the module
             return PassResult(artifact.with_runtime(cuda_graph=True), modified=True, notes={"captured": "torch"})
         for f in artifact.files():
@@ -69,6 +81,25 @@ class CudaGraphPass(Pass):
         except Exception as e:
             raise PassError(ctx.stage_name, f"CUDA graph capture failed: {e}", ctx.done) from e
         return PassResult(out, modified=True, notes={"captured": artifact.kind, "graphs": len(ctx.recipe.scenarios)})
+
+
+def _check_decode(ctx: PassContext) -> dict[str, object]:
+    """Capture once now and compare the replayed loop with the same loop run eagerly, on the device."""
+    from optimizer.generation import agreement
+    from optimizer.generation_static import StaticCacheGenerator
+    from optimizer.models import load_module
+
+    prompt = next(iter(ctx.feeds)).timing["input_ids"]
+    try:
+        eager = StaticCacheGenerator(load_module(ctx.recipe), 1, "cuda").generate(prompt, 8)
+        graphed = StaticCacheGenerator(load_module(ctx.recipe), 1, "cuda", cuda_graph=True)
+        got = graphed.generate(prompt, 8)
+    except Exception as e:
+        raise PassError(ctx.stage_name, f"CUDA graph capture of the decode step failed: {e}", ctx.done) from e
+    check = agreement(eager, got)
+    if check["token_agreement"] < 1.0:
+        raise PassError(ctx.stage_name, f"the replayed decode step disagrees with eager: {check}", ctx.done)
+    return {"check": check, "graphs": graphed.captures}
 
 
 def onnx_blockers(artifact: Artifact) -> str | None:

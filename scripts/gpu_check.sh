@@ -20,8 +20,8 @@ print("device:", device_summary() or cuda_reason())
 print("onnxruntime", ort.__version__, ort.get_available_providers())
 print("ORT CUDA EP:", ort_cuda_reason() or "available"); print("TensorRT:", tensorrt_reason() or "available")
 PY
-timeout 150 $PY -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.txt"
-for r in gpt2-gpu minilm-gpu; do
-  timeout 150 $PY -m optimizer.cli compile "recipes/$r.yaml" --out "$out/$r" --no-history 2>&1 | tee "$out/$r.txt"
+timeout 180 $PY -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.txt"
+for r in gpt2-gen-gpu gpt2-gpu minilm-gpu; do
+  timeout 120 $PY -m optimizer.cli compile "recipes/$r.yaml" --out "$out/$r" --no-history 2>&1 | tee "$out/$r.txt"
 done
 echo "reports: $out/*/report.md"

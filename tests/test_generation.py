@@ -9,8 +9,11 @@ import pytest
 import torch
 from conftest import write_recipe
 
-from optimizer.generation import TorchGenerator, agreement
+from optimizer.generation import OrtBoundGenerator, TorchGenerator, agreement
+from optimizer.generation_static import StaticCacheGenerator
+from optimizer.gpu import cuda_reason
 from optimizer.models import load_module
+from optimizer.pass_base import PassContext
 from optimizer.pipeline import Pipeline
 from optimizer.recipe import SCENARIO_PRESETS, load_recipe, parse_recipe
 from optimizer.runners.gen_runner import ort_generator
@@ -31,11 +34,29 @@ GPT2 = {
 }
 
 
-def recipe_data(passes: list[dict]) -> dict:
+LLAMA = {
+    "source": "hf_config",
+    "architecture": "llama",
+    "task": "causal-lm",
+    "config": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 256,
+        "vocab_size": 300,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
+}
+
+
+def recipe_data(passes: list[dict], model: dict | None = None) -> dict:
     return {
         "name": "tiny-gen",
         "workload": "generation",
-        "model": GPT2,
+        "model": model or GPT2,
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"], "range": [1, 300]}],
         "scenarios": [
             {"name": "s", "batch": 2, "seq": 12, "new_tokens": 10},
@@ -69,20 +90,43 @@ def test_presets_expand_with_overrides() -> None:
     assert low.new_tokens == SCENARIO_PRESETS["low_latency_inference"]["new_tokens"]
 
 
-def test_torch_and_onnx_loops_match_transformers_generate(tmp_path: Path) -> None:
-    recipe = load_recipe(write_recipe(tmp_path, recipe_data([{"type": "export"}])))
+@pytest.mark.parametrize("model", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_torch_and_onnx_loops_match_transformers_generate(tmp_path: Path, model: dict) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, recipe_data([{"type": "export"}], model)))
     records = Pipeline(recipe, tmp_path / "out", measure=False).execute()
     assert all(r.ok for r in records), [(r.name, r.reason) for r in records]
-    model = load_module(recipe)
+    module = load_module(recipe)
     prompt = np.random.default_rng(1).integers(1, 300, (2, 12))
-    expected = hf_greedy(model, prompt, 10)
-    ours = TorchGenerator(model, 1).generate(prompt, 10)
+    expected = hf_greedy(module, prompt, 10)
+    ours = TorchGenerator(module, 1).generate(prompt, 10)
     onnx = ort_generator(records[1].artifact, recipe).generate(prompt, 10)
     np.testing.assert_array_equal(ours.tokens, expected)
     np.testing.assert_array_equal(onnx.tokens, expected)
     a = agreement(ours, onnx)
     assert a["token_agreement"] == 1.0 and a["logits_cosine_min"] > 0.99999
     assert records[1].notes["check"]["token_agreement"] == 1.0
+    # The IO-binding loop (what the CUDA EP uses: the cache stays as OrtValues) is the same loop: tested on the CPU.
+    plain = ort_generator(records[1].artifact, recipe)
+    bound = OrtBoundGenerator(plain.prefill, plain.decode, 2, "cpu").generate(prompt, 10)
+    np.testing.assert_array_equal(bound.tokens, expected)
+    assert agreement(onnx, bound)["logits_cosine_min"] > 0.999999
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("model", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_static_cache_loop_matches_transformers_generate(tmp_path: Path, model: dict, attn: str) -> None:
+    """The capturable decode step (preallocated cache, mask and positions derived on the device) gives the same
+    tokens as transformers' generate, twice in a row on the same buffers (the cache is reset in place)."""
+    recipe = load_recipe(write_recipe(tmp_path, recipe_data([], {**model, "attn_implementation": attn})))
+    module = load_module(recipe)
+    prompt = np.random.default_rng(2).integers(1, 300, (2, 12))
+    expected = hf_greedy(module, prompt, 10)
+    static = StaticCacheGenerator(module, 1)
+    first, second = static.generate(prompt, 10), static.generate(prompt, 10, keep_logits=False)
+    np.testing.assert_array_equal(first.tokens, expected)
+    np.testing.assert_array_equal(second.tokens, expected)
+    assert len(first.step_logits) == 10 and second.step_logits == [] and len(second.tpot_ms) == 9
+    assert agreement(TorchGenerator(module, 1).generate(prompt, 10), first)["logits_cosine_min"] > 0.99999
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +137,8 @@ def gen_run(tmp_path_factory: pytest.TempPathFactory) -> list:
         {"type": "ort_session"},
         {"type": "quantize", "name": "int8", "config": {"mode": "int8_dynamic"}},
         {"type": "fuse"},
+        {"type": "static_kv_cache", "from": "source"},
+        {"type": "cuda_graph"},
     ]
     return Pipeline(load_recipe(write_recipe(tmp, recipe_data(passes))), tmp / "out").execute()
 
@@ -121,16 +167,59 @@ def test_quantized_generation_and_declines(gen_run: list) -> None:
     assert fuse.status == "skipped" and "fuse does not handle generation graphs" in fuse.reason
 
 
-def test_generation_on_cuda_is_refused_up_front(tmp_path: Path) -> None:
-    from optimizer.errors import RecipeError
+def test_static_kv_cache_stage_on_the_cpu(gen_run: list) -> None:
+    static, graph = gen_run[5], gen_run[6]
+    assert static.status == "ran" and static.notes["check"]["token_agreement"] == 1.0
+    assert static.metrics["runtime"]["kv_cache"] == "static" and static.metrics["runtime"]["cuda_graph"] is False
+    assert static.metrics["accuracy"]["generation"]["token_agreement"] == 1.0
+    assert "vs_parent" in static.metrics["scenarios"]["s"]  # timed against stage 0, interleaved
+    assert graph.status == "skipped" and graph.reason
 
+
+@pytest.mark.skipif(cuda_reason() is None, reason="this test is about a machine without CUDA")
+def test_generation_on_cuda_without_a_gpu_says_why(tmp_path: Path) -> None:
     data = recipe_data([{"type": "export"}])
     data["target"] = {"device": "cuda"}
-    with pytest.raises(RecipeError, match="target.device: generation workloads run on the CPU only"):
-        load_recipe(write_recipe(tmp_path, data))
+    records = Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "out").execute()
+    assert records[0].status == "failed" and records[0].reason == f"target.device cuda: {cuda_reason()}"
 
 
-@pytest.mark.parametrize("name", ["fuse", "ort_transformers", "tensorrt", "cuda_graph"])
+def test_cuda_graph_on_generation_says_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reasons past the environment check (no GPU here), with the environment check switched off."""
+    from optimizer.artifact import Artifact
+    from passes.cuda_graph import CudaGraphPass
+
+    monkeypatch.setattr(CudaGraphPass, "environment_reason", classmethod(lambda cls: None))
+    data = recipe_data([])
+    data["target"] = {"device": "cuda"}
+    ctx = PassContext(parse_recipe(data), "cuda_graph", tmp_path, None)  # type: ignore[arg-type]
+    p = CudaGraphPass(CudaGraphPass.Config())
+    onnx = Artifact("onnx", Path("prefill.onnx"), {}, {"decode": "decode.onnx", "layers": 2})
+    assert "grows its KV cache by one position per token" in str(p.skip_reason(onnx, ctx))
+    dynamic = Artifact("torch", None)
+    assert "put a static_kv_cache stage before it" in str(p.skip_reason(dynamic, ctx))
+    assert p.skip_reason(dynamic.with_runtime(kv_cache="static"), ctx) is None
+
+
+@pytest.mark.gpu
+def test_static_cache_decode_under_a_cuda_graph(tmp_path: Path) -> None:
+    """On a GPU: the captured decode step gives stage 0's tokens, and replaying it cuts host launches per task."""
+    data = recipe_data([{"type": "static_kv_cache", "from": "source"}, {"type": "cuda_graph"}])
+    data["target"] = {"device": "cuda"}
+    records = Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "out").execute()
+    assert all(r.status == "ran" for r in records), [(r.name, r.reason) for r in records]
+    static, graph = records[1], records[2]
+    assert graph.notes["check"]["token_agreement"] == 1.0
+    assert graph.metrics["accuracy"]["generation"]["token_agreement"] == 1.0
+    assert graph.metrics["runtime"]["graphs_captured"] >= 1
+    for scen in ("s", "low_latency_inference"):
+        k_static = static.metrics["scenarios"][scen]["cuda_kernels"]
+        k_graph = graph.metrics["scenarios"][scen]["cuda_kernels"]
+        assert k_graph["graph_launches"] >= 1
+        assert k_graph["launches"] < k_static["launches"] / 2, (k_static, k_graph)
+
+
+@pytest.mark.parametrize("name", ["fuse", "ort_transformers", "tensorrt"])
 def test_passes_that_would_touch_only_the_prefill_graph_decline(name: str) -> None:
     from optimizer.artifact import Artifact
     from optimizer.registry import pass_class

@@ -116,3 +116,60 @@ def test_cuda_recipe_without_cuda_is_a_clear_usage_error(tmp_path: Path) -> None
     proc = run_cli("compile", str(recipe), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {recipe}: target.device cuda: {cuda_reason()}"
+
+
+def test_kernel_and_launch_counts_from_a_trace() -> None:
+    """Kineto's trace categories: kernels run on the device, launch calls on the host (runtime or driver API,
+    with suffixes), a CUDA graph replay as one launch that still runs all of its kernels."""
+    from optimizer.gpu.kernels import count_trace_events
+
+    eager = [{"cat": "kernel", "name": "gemm"}] * 6 + [
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel"},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernelExC_v11060"},
+        {"cat": "cuda_driver", "name": "cuLaunchKernel_ptsz"},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel"},
+        {"cat": "cuda_runtime", "name": "cudaMemcpyAsync"},
+        {"cat": "gpu_memcpy", "name": "Memcpy HtoD"},
+        {"cat": "cpu_op", "name": "aten::mm"},
+    ]
+    counts = count_trace_events(eager, calls=2)
+    assert counts == {"kernels": 3.0, "launches": 2.0, "graph_launches": 0.0, "memcpy": 0.5, "calls": 2}
+    graph = [{"cat": "kernel", "name": "gemm"}] * 6 + [{"cat": "cuda_runtime", "name": "cudaGraphLaunch"}] * 2
+    counts = count_trace_events(graph, calls=2)
+    assert counts["kernels"] == 3.0 and counts["launches"] == 1.0 and counts["graph_launches"] == 1.0
+
+
+def test_kernel_profile_without_cuda_gives_the_reason() -> None:
+    from optimizer.gpu.kernels import profile_kernels
+
+    if cuda_reason() is None:
+        pytest.skip("this test is about a machine without CUDA")
+    assert profile_kernels(lambda: None) == {"reason": cuda_reason()}
+
+
+def test_more_kernel_launches_than_the_parent_is_a_finding() -> None:
+    """The seeds' "37% more kernel launches", said in the report's findings and shown as a column."""
+    from optimizer.report import columns, findings, stage_rows
+
+    def stage(index: int, name: str, parent: str | None, launches: float) -> dict:
+        k = {"kernels": 300.0, "launches": launches, "graph_launches": 0.0, "memcpy": 0.0, "calls": 3}
+        scen = {"latency": {"p50_ms": 1.0, "cv": 0.01}, "cuda_kernels": k}
+        return {"index": index, "name": name, "type": "x", "parent": parent, "status": "ran",
+                "metrics": {"within_budget": True, "scenarios": {"b1": scen}}}  # fmt: skip
+
+    report = {
+        "recipe": {"workload": "forward"},
+        "stages": [stage(0, "base", None, 301), stage(1, "flash", "base", 412), stage(2, "lean", "flash", 400)],
+    }
+    said = findings(report)
+    assert said == ["flash (x) on b1: 37% more kernel launches per call than its input (base): 412 vs 301"]
+    assert columns(report)[-1] == ("kernels", "kernels/launches")
+    assert [r["kernels"] for r in stage_rows(report, "b1")] == ["300/301", "300/412", "300/400"]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_cuts_host_launches(tmp_path: Path) -> None:
+    records = Pipeline(load_recipe(_gpu_recipe(tmp_path, [{"type": "cuda_graph"}])), tmp_path / "out").execute()
+    eager, graph = (r.metrics["scenarios"]["b1"]["cuda_kernels"] for r in records)
+    assert eager["kernels"] >= 1 and eager["graph_launches"] == 0
+    assert graph["graph_launches"] == 1 and graph["launches"] < eager["launches"]

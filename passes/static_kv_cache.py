@@ -1,0 +1,48 @@
+"""Static KV cache as a stage of its own: the PyTorch generation loop over a preallocated cache.
+
+It changes what every decode step costs (attention over the whole preallocated length, masked, instead of the
+filled part; no reallocation as the cache grows) and it is what makes the decode step capturable by a CUDA
+graph (optimizer/generation_static.py). Keeping it apart from cuda_graph means the cost or gain of the static
+cache is attributed here and the gain of capture alone to the cuda_graph stage after it.
+"""
+
+from __future__ import annotations
+
+from optimizer.artifact import Artifact
+from optimizer.errors import PassError
+from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+
+
+class StaticKVCacheConfig(PassConfig):
+    pass
+
+
+class StaticKVCachePass(Pass):
+    name = "static_kv_cache"
+    summary = "PyTorch generation over a preallocated (static) KV cache; needed before cuda_graph on a decoder"
+    Config = StaticKVCacheConfig
+    consumes = frozenset({"torch"})
+    handles_generation = True
+
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        reason = super().skip_reason(artifact, ctx)
+        if reason:
+            return reason
+        if ctx.recipe.workload != "generation":
+            return "a KV cache is a generation option; this recipe's workload is forward"
+        return None
+
+    def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        from optimizer.generation import TorchGenerator, agreement
+        from optimizer.generation_static import StaticCacheGenerator
+        from optimizer.models import load_module
+
+        out = artifact.with_runtime(kv_cache="static")
+        # Checked on the CPU against the dynamic-cache loop before anything is timed: same tokens, close logits.
+        prompt = next(iter(ctx.feeds)).timing["input_ids"]
+        expected = TorchGenerator(load_module(ctx.recipe), 1).generate(prompt, 8)
+        got = StaticCacheGenerator(load_module(ctx.recipe), 1).generate(prompt, 8)
+        check = agreement(expected, got)
+        if check["token_agreement"] < 1.0:
+            raise PassError(ctx.stage_name, f"the static-cache loop disagrees with the dynamic one: {check}")
+        return PassResult(out, modified=True, notes={"kv_cache": "static", "check": check})
