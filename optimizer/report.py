@@ -48,7 +48,17 @@ def environment() -> dict[str, Any]:
     }
 
 
-def chained_speedups(records: list[StageRecord]) -> dict[str, dict[str, float]]:
+def _mean_ratio(m: dict[str, Any]) -> float | None:
+    """Parent mean / stage mean from the same interleaved session: the throughput ratio for a fixed scenario
+    (same work per call), tail included, free of the drift between separately measured stages."""
+    parent = (m.get("parent_latency") or {}).get("mean_ms")
+    mine = (m.get("latency") or {}).get("mean_ms")
+    return parent / mine if parent and mine else None
+
+
+def chained_speedups(
+    records: list[StageRecord], ratio: Any = lambda m: (m.get("vs_parent") or {}).get("ratio")
+) -> dict[str, dict[str, float]]:
     """stage -> scenario -> speedup against stage 0 (product of parent ratios along the chain)."""
     by_name = {r.name: r for r in records}
     out: dict[str, dict[str, float]] = {}
@@ -62,17 +72,20 @@ def chained_speedups(records: list[StageRecord]) -> dict[str, dict[str, float]]:
         base = out.get(against or "", {})
         out[rec.name] = {}
         for scen, m in rec.metrics.get("scenarios", {}).items():
-            if "vs_parent" in m and scen in base:
-                out[rec.name][scen] = base[scen] * m["vs_parent"]["ratio"]
+            r = ratio(m)
+            if r and scen in base:
+                out[rec.name][scen] = base[scen] * r
     return out
 
 
 def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall_seconds: float) -> dict[str, Any]:
     chained = chained_speedups(records)
+    chained_throughput = chained_speedups(records, _mean_ratio)
     stages = []
     for rec in records:
         d = rec.to_json()
         d["vs_source"] = chained.get(rec.name, {})
+        d["throughput_vs_source"] = chained_throughput.get(rec.name, {})
         stages.append(d)
     failed = [r.name for r in records if r.status == "failed"]
     interrupted = any(r.status == "interrupted" for r in records)

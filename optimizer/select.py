@@ -2,7 +2,9 @@
 
 Every term is normalized against stage 0, so 1.0 means "as stage 0" and higher is better:
   latency        stage 0 P50 / stage P50 (the chained, interleaved speedup when there is one)
-  throughput     stage throughput / stage 0 throughput (tokens/s for generation, samples/s otherwise)
+  throughput     stage throughput / stage 0 throughput (tokens/s for generation, samples/s otherwise); for a
+                 fixed scenario that is the ratio of mean times, taken (when there is one) from the interleaved
+                 sessions and chained like latency, so that drift between stages measured apart does not leak in
   accuracy       the budget's metric against stage 0 (cosine, top-1 or token agreement; 1.0 = identical)
   memory         stage 0 footprint / stage footprint; footprint = resident-set growth at load, at least the
                  model's bytes (the growth alone is a noisy estimate)
@@ -79,9 +81,10 @@ def terms(report: dict[str, Any], stage: dict[str, Any], scenario: str) -> dict[
         return max(float(mm.get("memory_mb") or 0.0), float(mm.get("size_bytes") or 0) / 2**20, 1.0)
 
     vs0 = (stage.get("vs_source") or {}).get(scenario)
+    tp0 = (stage.get("throughput_vs_source") or {}).get(scenario)
     return {
         "latency": vs0 if vs0 else s0["latency"]["p50_ms"] / s["latency"]["p50_ms"],
-        "throughput": s["throughput"][tp_key] / s0["throughput"][tp_key],
+        "throughput": tp0 if tp0 else s["throughput"][tp_key] / s0["throughput"][tp_key],
         "accuracy": _accuracy(stage, metric),
         "memory": footprint(m0) / footprint(m),
         "size": float(m0.get("size_bytes") or 1) / float(m.get("size_bytes") or 1),

@@ -147,6 +147,19 @@ def test_kernel_profile_without_cuda_gives_the_reason() -> None:
     assert profile_kernels(lambda: None) == {"reason": cuda_reason()}
 
 
+def test_profiler_trace_is_read_back_with_its_categories() -> None:
+    """The trace plumbing the CUDA count stands on, on the CPU: torch ops come back as cpu_op events, none is
+    taken for a kernel or a launch."""
+    import torch
+
+    from optimizer.gpu.kernels import count_trace_events, trace_events
+
+    x = torch.ones(8, 8)
+    events = trace_events(lambda: torch.mm(x, x), calls=2, cuda=False)
+    assert sum(e.get("cat") == "cpu_op" and e.get("name") == "aten::mm" for e in events) == 2
+    assert count_trace_events(events, 2)["kernels"] == 0 and count_trace_events(events, 2)["launches"] == 0
+
+
 def test_more_kernel_launches_than_the_parent_is_a_finding() -> None:
     """The seeds' "37% more kernel launches", said in the report's findings and shown as a column."""
     from optimizer.report import columns, findings, stage_rows

@@ -54,6 +54,14 @@ def test_scores_are_the_weighted_normalized_terms(swept: tuple[dict, Path]) -> N
         for r in rows:
             assert r["score"] == pytest.approx(sum(v * r["terms"][k] for k, v in w.items()))
     stage = {s["name"]: s for s in report["stages"]}
+    # Throughput: ratio of mean times in the interleaved sessions, chained to stage 0 like the latency ratio.
+    for scen in ("b1", "b8"):
+        export, ort = (stage[n]["metrics"]["scenarios"][scen] for n in ("export", "ort_session"))
+        expected = (export["parent_latency"]["mean_ms"] / export["latency"]["mean_ms"]) * (
+            ort["parent_latency"]["mean_ms"] / ort["latency"]["mean_ms"]
+        )
+        row = next(r for r in ranking[scen] if r["stage"] == "ort_session")
+        assert row["terms"]["throughput"] == pytest.approx(expected)
     assert deployability(stage["source"]) == 0.25
     assert deployability(stage["ort_session"]) == 1.0
     assert deployability(stage["int8"]) == 0.5

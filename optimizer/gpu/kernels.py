@@ -57,8 +57,26 @@ def count_trace_events(events: Iterable[Mapping[str, Any]], calls: int) -> dict[
     }
 
 
+def trace_events(fn: Callable[[], Any], calls: int, cuda: bool) -> list[dict[str, Any]]:
+    """Chrome-trace events of fn run `calls` times under the PyTorch profiler (CPU activity always: it is what
+    records the host's CUDA runtime calls, the launches; CUDA activity for the kernels themselves)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        return list(json.loads(trace.read_text()).get("traceEvents", []))
+
+
 def profile_kernels(fn: Callable[[], Any], calls: int = 3) -> dict[str, Any]:
-    """Run fn `calls` times under the PyTorch profiler (CUDA activity only) and count per call.
+    """Kernels and launches per call of fn on CUDA.
 
     Returns {"reason": ...} instead when the profiler cannot trace CUDA here, so a report says why the column is
     empty rather than showing a zero."""
@@ -67,18 +85,10 @@ def profile_kernels(fn: Callable[[], Any], calls: int = 3) -> dict[str, Any]:
     if cuda_reason() is not None:
         return {"reason": cuda_reason()}
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as tmp:
-            trace = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(trace))
-            events = json.loads(trace.read_text()).get("traceEvents", [])
+        events = trace_events(fn, calls, cuda=True)
     except Exception as e:  # CUPTI missing or busy (another profiler attached): say so, do not fail the stage
         return {"reason": f"CUDA profiler unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}"}
     counts = count_trace_events(events, calls)
