@@ -25,6 +25,32 @@ from optimizer.errors import OptimizerError
 from optimizer.generation import Generation
 
 MASK_FORMS = ("sdpa", "eager")  # attention implementations whose 4-D mask format this module builds
+# ATen ops that read a tensor's value back to the host (a sync on CUDA, fatal inside graph capture): Python
+# int()/float()/bool() on a tensor, .item(), torch.equal, and ops whose output shape depends on the data.
+HOST_READS = frozenset(
+    {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "unique", "_unique2"}
+)
+
+
+def host_reads(fn: Any, *args: Any) -> tuple[int, list[str]]:
+    """Run fn under a dispatch mode that sees every ATen op: (ops run, the host-reading ones among them).
+
+    Checks on the CPU what CUDA graph capture needs of a decode step; torch.compile(fullgraph=True) is not
+    such a check (it traces int(tensor) and .item() without complaint)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(func._schema.name.split("::")[-1])
+            return func(*args, **(kwargs or {}))
+
+    with Record() as rec:
+        fn(*args)
+    return len(rec.ops), sorted({op for op in rec.ops if op in HOST_READS})
 
 
 @dataclass
@@ -168,6 +194,17 @@ class StaticCacheGenerator:
             gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
             gen.step_logits = [x.cpu().numpy() for x in kept]
         return gen
+
+    def step_host_reads(self, prompt: np.ndarray) -> tuple[int, list[str]]:
+        """Prefill the prompt, then run one decode step under host_reads: (ops in the step, host-reading ops)."""
+        import torch
+
+        batch, seq = prompt.shape
+        with torch.inference_mode():
+            buf = self._buffers_for(batch, seq + 2)
+            buf.cache.reset()
+            buf.ids.copy_(self._prefill(buf, torch.from_numpy(prompt).to(self.device)).argmax(-1, keepdim=True))
+            return host_reads(self._step, buf)
 
     def describe(self) -> dict[str, Any]:
         return {"kv_cache": "static", "cuda_graph": self.cuda_graph, "graphs_captured": self.captures}

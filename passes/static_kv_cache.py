@@ -41,8 +41,14 @@ class StaticKVCachePass(Pass):
         # Checked on the CPU against the dynamic-cache loop before anything is timed: same tokens, close logits.
         prompt = next(iter(ctx.feeds)).timing["input_ids"]
         expected = TorchGenerator(load_module(ctx.recipe), 1).generate(prompt, 8)
-        got = StaticCacheGenerator(load_module(ctx.recipe), 1).generate(prompt, 8)
-        check = agreement(expected, got)
+        static = StaticCacheGenerator(load_module(ctx.recipe), 1)
+        check = agreement(expected, static.generate(prompt, 8))
         if check["token_agreement"] < 1.0:
             raise PassError(ctx.stage_name, f"the static-cache loop disagrees with the dynamic one: {check}")
-        return PassResult(out, modified=True, notes={"kv_cache": "static", "check": check})
+        ops, reads = static.step_host_reads(prompt)
+        capturable = {
+            "decode_step_ops": ops,
+            "host_reads": reads,
+            "capturable": not reads,  # no op reads a value back to the host: a CUDA graph can hold the step
+        }
+        return PassResult(out, modified=True, notes={"kv_cache": "static", "check": check, **capturable})

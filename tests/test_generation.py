@@ -129,6 +129,26 @@ def test_static_cache_loop_matches_transformers_generate(tmp_path: Path, model: 
     assert agreement(TorchGenerator(module, 1).generate(prompt, 10), first)["logits_cosine_min"] > 0.99999
 
 
+@pytest.mark.parametrize("model", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_static_decode_step_never_reads_back_to_the_host(tmp_path: Path, model: dict) -> None:
+    """What CUDA graph capture needs, checked on the CPU: no op of the decode step reads a tensor's value to
+    the host (int(), .item(), bool(), data-dependent shapes). A step with such a read is caught."""
+    module = load_module(load_recipe(write_recipe(tmp_path, recipe_data([], model))))
+    gen = StaticCacheGenerator(module, 1)
+    prompt = np.random.default_rng(3).integers(1, 300, (2, 12))
+    ops, reads = gen.step_host_reads(prompt)
+    assert ops > 50 and reads == []
+    clean_step = gen._step
+
+    def syncing_step(buf):  # type: ignore[no-untyped-def]
+        if int(buf.cache.layers[0].cumulative_length) > 10**9 or bool((buf.ids < 0).any()):
+            raise AssertionError("unreachable")
+        return clean_step(buf)
+
+    gen._step = syncing_step  # type: ignore[method-assign]
+    assert gen.step_host_reads(prompt)[1] == ["is_nonzero", "item"]
+
+
 @pytest.fixture(scope="module")
 def gen_run(tmp_path_factory: pytest.TempPathFactory) -> list:
     tmp = tmp_path_factory.mktemp("gen")
@@ -170,6 +190,7 @@ def test_quantized_generation_and_declines(gen_run: list) -> None:
 def test_static_kv_cache_stage_on_the_cpu(gen_run: list) -> None:
     static, graph = gen_run[5], gen_run[6]
     assert static.status == "ran" and static.notes["check"]["token_agreement"] == 1.0
+    assert static.notes["capturable"] is True and static.notes["host_reads"] == []
     assert static.metrics["runtime"]["kv_cache"] == "static" and static.metrics["runtime"]["cuda_graph"] is False
     assert static.metrics["accuracy"]["generation"]["token_agreement"] == 1.0
     assert "vs_parent" in static.metrics["scenarios"]["s"]  # timed against stage 0, interleaved
