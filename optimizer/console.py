@@ -80,7 +80,11 @@ def summary_table(report: dict[str, Any]) -> Table | None:
     if len(report["scenarios"]) < 2:
         return None
     head, rows = scenario_summary(report)
-    table = Table(title="scenario x stage: P50 ms (speedup vs stage 0)", title_justify="left", header_style="bold")
+    table = Table(
+        title="scenario x stage: speedup vs stage 0 (P50 in the stage's own session)",
+        title_justify="left",
+        header_style="bold",
+    )
     for h in head:
         table.add_column(h, justify="left" if h == "stage" else "right")
     for row in rows:

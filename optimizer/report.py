@@ -261,7 +261,9 @@ def columns(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def scenario_summary(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Stage x scenario: P50 (vs stage 0) in each cell, because a pass can help one scenario and hurt another."""
+    """Stage x scenario: speedup vs stage 0 (P50) in each cell, because a pass can help one scenario and hurt
+    another. The speedup (chained interleaved ratios) leads: P50s of stages measured in different sessions
+    carry the drift between those sessions, the ratios do not."""
     names = [s["name"] for s in report["scenarios"]]
     rows = []
     for st in report["stages"]:
@@ -270,7 +272,8 @@ def scenario_summary(report: dict[str, Any]) -> tuple[list[str], list[list[str]]
         for n in names:
             if n in scen:
                 vs0 = (st.get("vs_source") or {}).get(n)
-                cells.append(f"{scen[n]['latency']['p50_ms']:.2f}" + (f" ({vs0:.2f}x)" if vs0 else ""))
+                p50 = f"{scen[n]['latency']['p50_ms']:.2f} ms"
+                cells.append(f"{vs0:.2f}x ({p50})" if vs0 else p50)
             else:
                 cells.append(st["status"])
         rows.append(cells)
@@ -317,7 +320,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         head, rows = scenario_summary(r)
         lines += (
             [
-                "## Scenario x stage (P50 ms, speedup vs stage 0)",
+                "## Scenario x stage (speedup vs stage 0, then P50 in the stage's own session)",
                 "",
                 "| " + " | ".join(head) + " |",
                 "|" + "---|" * len(head),

@@ -117,7 +117,7 @@ def test_scenario_summary_has_every_stage_and_scenario(swept: tuple[dict, Path])
     report, _ = swept
     head, rows = scenario_summary(report)
     assert head == ["stage", "b1", "b8"]
-    assert len(rows) == len(report["stages"]) and rows[1][1].endswith("x)")
+    assert len(rows) == len(report["stages"]) and rows[1][1].endswith(" ms)") and "x (" in rows[1][1]
 
 
 def test_median_interval_and_adaptive_rounds(tmp_path: Path) -> None:
