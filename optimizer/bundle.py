@@ -78,10 +78,8 @@ def _precision(stage: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) -> Path:
-    from optimizer.inputs import build_feeds
-    from optimizer.recipe import parse_recipe
-    from optimizer.runners.ort_runner import OrtRunner
-
+    """Write the bundle into a staging folder beside `out` and move it into place only when it is complete, so a
+    failed export leaves nothing half-written behind."""
     stage = pick_stage(report, stage_name)
     artifact = Artifact.from_json(stage["artifact"])
     run_dir = Path(report["run_dir"])
@@ -98,38 +96,81 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
         raise OptimizerError(f"--stage: {stage['name']!r} is a {artifact.kind} artifact; export takes ONNX stages")
     if out.exists() and any(out.iterdir()):
         raise OptimizerError(f"--out: {out} exists and is not empty")
-    model_name = report["recipe"]["name"].replace("-", "_")
-    model_dir = out / model_name / "1" if fmt == "triton" else out
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        model_name = report["recipe"]["name"].replace("-", "_")
+        root = staging / model_name if fmt == "triton" else staging
+        root.mkdir(parents=True, exist_ok=True)
+        if artifact.meta.get("decode"):
+            from optimizer.bundle_gen import export_generation_bundle
+
+            specific = export_generation_bundle(report, stage, artifact, fmt, root)
+        else:
+            specific = _forward_bundle(report, artifact, fmt, root, model_name)
+        _write_manifest(report, stage, artifact, fmt, model_name, root, specific)
+        if out.exists():
+            out.rmdir()  # checked empty above
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out / model_name if fmt == "triton" else out
+
+
+def _forward_bundle(
+    report: dict[str, Any], artifact: Artifact, fmt: str, root: Path, model_name: str
+) -> dict[str, Any]:
+    """One graph: the model, and its outputs on one input per scenario."""
+    from optimizer.inputs import build_feeds
+    from optimizer.recipe import parse_recipe
+    from optimizer.runners.ort_runner import OrtRunner
+
+    assert artifact.path is not None
+    model_dir = root / "1" if fmt == "triton" else root
     model_dir.mkdir(parents=True, exist_ok=True)
     for f in artifact.files():
         shutil.copyfile(f, model_dir / ("model.onnx" if f == artifact.path else f.name))
-    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or run_dir))
-    feeds = build_feeds(recipe, 1)
+    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
     arrays: dict[str, np.ndarray] = {}
     bundled = Artifact("onnx", model_dir / "model.onnx", artifact.runtime, artifact.meta)
     with OrtRunner(bundled, recipe).load() as session:
-        for sf in feeds:
+        for sf in build_feeds(recipe, 1):
             outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
             arrays.update({f"{sf.scenario.name}/in/{k}": v for k, v in sf.timing.items()})
             arrays.update(
                 {f"{sf.scenario.name}/out/{n}": o for n, o in zip(session.output_names, outputs, strict=True)}
             )
-    root = out / model_name if fmt == "triton" else out
     np.savez(root / REFERENCE, **arrays)
     inputs, outputs = _io(model_dir / "model.onnx")
     if fmt == "triton":
         (root / "config.pbtxt").write_text(triton_config(model_name, inputs, outputs, report, artifact.runtime))
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return {
+        "model": str((model_dir / "model.onnx").relative_to(root)),
+        "inputs": inputs,
+        "outputs": outputs,
+        "tolerance": {"min_cosine": 0.9999, "max_abs_relative": 1e-3},
+    }
+
+
+def _write_manifest(
+    report: dict[str, Any],
+    stage: dict[str, Any],
+    artifact: Artifact,
+    fmt: str,
+    model_name: str,
+    root: Path,
+    specific: dict[str, Any],
+) -> None:
     metrics = stage.get("metrics") or {}
     manifest = {
         "format": fmt,
         "model_name": model_name,
         "stage": stage["name"],
         "stage_type": stage["type"],
-        "model": str((model_dir / "model.onnx").relative_to(root)),
-        "inputs": inputs,
-        "outputs": outputs,
         "precision": _precision(stage),
+        **specific,
         "runtime": {
             "onnxruntime_session": artifact.runtime,
             "providers": ["CPUExecutionProvider"],
@@ -145,12 +186,11 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
             s: {k: v for k, v in m.items() if k != "samples_ms"} for s, m in (metrics.get("scenarios") or {}).items()
         },
         "accuracy_vs_stage_0": metrics.get("accuracy"),
-        "tolerance": {"min_cosine": 0.9999, "max_abs_relative": 1e-3},
         "recipe": report["recipe"],
-        "files": {str(p.relative_to(root)): file_sha256(p) for p in files},
     }
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest["files"] = {str(p.relative_to(root)): file_sha256(p) for p in files}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-    return root
 
 
 def triton_config(
@@ -206,6 +246,10 @@ def verify_bundle(root: Path) -> list[str]:
             problems.append(f"{rel}: sha256 differs from the manifest (the file was changed)")
     if problems:
         return problems
+    if manifest.get("workload") == "generation":
+        from optimizer.bundle_gen import verify_generation
+
+        return verify_generation(root, manifest)
     session = _session(root, manifest)
     names = [o.name for o in session.get_outputs()]
     tol = manifest["tolerance"]
@@ -245,6 +289,10 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
     from optimizer.stats import LatencyStats
 
     manifest = json.loads((root / MANIFEST).read_text())
+    if manifest.get("workload") == "generation":
+        from optimizer.bundle_gen import bench_generation
+
+        return bench_generation(root, manifest, rounds, iterations)
     session = _session(root, manifest)
 
     class Bare:

@@ -112,8 +112,9 @@ def bench(
 
     for scen, m in bench_bundle(bundle, rounds, iterations).items():
         lat, rec = m["latency"], m["recorded_p50_ms"]
+        gen = f", TTFT P50 {m['ttft']['p50_ms']:.2f} ms, TPOT P50 {m['tpot']['p50_ms']:.2f} ms" if "ttft" in m else ""
         out.print(
-            f"{scen}: P50 {lat['p50_ms']:.2f} ms, P99 {lat['p99_ms']:.2f} ms, CV {lat['cv']:.2%}"
+            f"{scen}: P50 {lat['p50_ms']:.2f} ms, P99 {lat['p99_ms']:.2f} ms, CV {lat['cv']:.2%}{gen}"
             + (f" (recorded at compile: P50 {rec:.2f} ms)" if rec else "")
         )
 

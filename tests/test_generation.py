@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from optimizer.models import load_module
 from optimizer.pass_base import PassContext
 from optimizer.pipeline import Pipeline
 from optimizer.recipe import SCENARIO_PRESETS, load_recipe, parse_recipe
+from optimizer.report import write_report
 from optimizer.runners.gen_runner import ort_generator
 
 GPT2 = {
@@ -151,6 +153,7 @@ def test_static_decode_step_never_reads_back_to_the_host(tmp_path: Path, model: 
 
 @pytest.fixture(scope="module")
 def gen_run(tmp_path_factory: pytest.TempPathFactory) -> list:
+    """The generation pipeline; report.json is written into tmp/out as compile would."""
     tmp = tmp_path_factory.mktemp("gen")
     passes = [
         {"type": "export"},
@@ -160,7 +163,10 @@ def gen_run(tmp_path_factory: pytest.TempPathFactory) -> list:
         {"type": "static_kv_cache", "from": "source"},
         {"type": "cuda_graph"},
     ]
-    return Pipeline(load_recipe(write_recipe(tmp, recipe_data(passes))), tmp / "out").execute()
+    recipe = load_recipe(write_recipe(tmp, recipe_data(passes)))
+    records = Pipeline(recipe, tmp / "out").execute()
+    write_report(recipe, records, tmp / "out", 0.0)
+    return records
 
 
 def test_generation_metrics_per_scenario(gen_run: list) -> None:
@@ -249,3 +255,48 @@ def test_passes_that_would_touch_only_the_prefill_graph_decline(name: str) -> No
     gen = Artifact("onnx", Path("prefill.onnx"), {}, {"decode": "decode.onnx", "layers": 2})
     reason = cls(cls.Config()).skip_reason(gen, None)  # type: ignore[arg-type]
     assert reason == f"{name} does not handle generation graphs (prefill + decode with a KV cache) yet"
+
+
+def test_generation_bundle_export_verify_bench(gen_run: list, tmp_path: Path) -> None:
+    """A decoder bundle: both graphs, one whole greedy generation per scenario as the reference; verify reruns
+    the loop, a changed byte or a different model is caught; Triton (one graph per call) declines it."""
+    from test_recipe import run_cli
+
+    from optimizer.artifact import file_sha256
+
+    run = Path(gen_run[1].artifact.path).parent.parent  # the run folder, with report.json
+    bundle = tmp_path / "bundle"
+    proc = run_cli("export", str(run), "--stage", "ort_session", "--out", str(bundle))
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["workload"] == "generation" and manifest["cache"]["layers"] == 2
+    assert {manifest["graphs"]["prefill"], manifest["graphs"]["decode"]} <= set(manifest["files"])
+    with np.load(bundle / "reference.npz") as ref:
+        assert ref["s/tokens"].shape == (2, 10) and ref["s/logits"].shape == (10, 2, 300)
+    assert run_cli("verify", str(bundle)).returncode == 0
+    bench = run_cli("bench", str(bundle), "--rounds", "1", "--iterations", "2")
+    assert bench.returncode == 0 and "TTFT P50" in bench.stdout and "TPOT P50" in bench.stdout
+
+    decode = bundle / manifest["graphs"]["decode"]
+    raw = bytearray(decode.read_bytes())
+    raw[-1] ^= 0xFF
+    decode.write_bytes(bytes(raw))
+    bad = run_cli("verify", str(bundle))
+    assert bad.returncode == 1 and f"{decode.name}: sha256 differs" in bad.stderr
+
+    # The int8 stage's graphs under this bundle's manifest, checksums updated: only rerunning the loop can tell.
+    int8_cosine = gen_run[3].metrics["accuracy"]["generation"]["logits_cosine_min"]
+    assert int8_cosine < manifest["tolerance"]["min_logits_cosine"]
+    other = tmp_path / "int8"
+    assert run_cli("export", str(run), "--stage", "int8", "--out", str(other)).returncode == 0
+    theirs = json.loads((other / "manifest.json").read_text())["graphs"]
+    for part, name in manifest["graphs"].items():
+        (bundle / name).write_bytes((other / theirs[part]).read_bytes())
+    manifest["files"] = {k: file_sha256(bundle / k) for k in manifest["files"]}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    bad = run_cli("verify", str(bundle))
+    assert bad.returncode == 1 and "generation on s: logits cosine" in bad.stderr
+
+    refused = run_cli("export", str(run), "--stage", "ort_session", "--format", "triton", "--out", str(tmp_path / "t"))
+    assert refused.returncode == 2 and "is a generation stage" in refused.stderr
+    assert not (tmp_path / "t").exists() and not list(tmp_path.glob(".*partial"))
