@@ -57,6 +57,46 @@ def save(model: Any, path: Path) -> list[str]:
     return [data]
 
 
+SHARED_WEIGHTS = "weights.bin"
+
+
+def save_shared(models: dict[str, Any], folder: Path, inline_below: int = 1024, align: int = 4096) -> list[str]:
+    """Save several graphs (file name -> model) over one external-data file: a tensor whose bytes another graph
+    already wrote is written once and referenced by both. The prefill and decode graphs of a decoder hold the
+    same weights; saved apart they double its size on disk. Offsets are page-aligned, so ONNX Runtime can map
+    the file instead of copying it. Returns the side files written ([SHARED_WEIGHTS] or nothing)."""
+    import hashlib
+
+    import onnx
+    from onnx import external_data_helper, numpy_helper
+
+    written: dict[bytes, tuple[int, int]] = {}
+    data_path = folder / SHARED_WEIGHTS
+    with data_path.open("wb") as data:
+        for model in models.values():
+            for tensor in model.graph.initializer:
+                if not tensor.HasField("raw_data"):  # typed fields (float_data...): external data needs raw bytes
+                    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+                raw = tensor.raw_data
+                if len(raw) < inline_below:
+                    continue
+                key = hashlib.sha256(raw).digest()
+                if key not in written:
+                    data.write(b"\0" * (-data.tell() % align))
+                    written[key] = (data.tell(), len(raw))
+                    data.write(raw)
+                offset, length = written[key]
+                external_data_helper.set_external_data(tensor, SHARED_WEIGHTS, offset, length)
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+    for name, model in models.items():
+        onnx.save(model, str(folder / name))
+    if not written:
+        data_path.unlink()
+        return []
+    return [SHARED_WEIGHTS]
+
+
 def op_histogram(path: Path) -> dict[str, int]:
     """Count of nodes by op type (domain-qualified when not the default domain), subgraphs included."""
     model = load(path, with_weights=False)

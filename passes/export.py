@@ -72,6 +72,7 @@ class ExportPass(Pass):
     Config = ExportConfig
     consumes = frozenset({"torch"})
     handles_generation = True
+    version = 2  # 2: generation graphs share one weights file
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import torch

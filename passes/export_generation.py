@@ -66,11 +66,10 @@ def export_generation(
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PassError(ctx.stage_name, f"generation export failed: {first}", ctx.done) from e
-    files: dict[str, list[str]] = {}
-    for part in ("prefill", "decode"):
-        tmp = ctx.stage_dir / f"{part}.tmp.onnx"
-        files[part] = onnx_io.save(onnx_io.load(tmp), ctx.stage_dir / f"{part}.onnx")
-        tmp.unlink()
+    tmp = {part: ctx.stage_dir / f"{part}.tmp.onnx" for part in ("prefill", "decode")}
+    shared = onnx_io.save_shared({f"{part}.onnx": onnx_io.load(path) for part, path in tmp.items()}, ctx.stage_dir)
+    for path in tmp.values():
+        path.unlink()
     out = Artifact(
         "onnx",
         ctx.stage_dir / "prefill.onnx",
@@ -78,9 +77,9 @@ def export_generation(
         {
             **artifact.meta,
             "exporter": "dynamo",
-            "external_data": files["prefill"],
+            "external_data": shared,  # one weights file for both graphs (onnx_io.save_shared)
             "decode": "decode.onnx",
-            "decode_external_data": files["decode"],
+            "decode_external_data": [],
             "layers": layers,
             "output_names": ["generation"],
         },

@@ -183,6 +183,29 @@ def test_generation_metrics_per_scenario(gen_run: list) -> None:
     assert "vs_parent" in export.metrics["scenarios"]["s"]
 
 
+def test_prefill_and_decode_share_one_weights_file(gen_run: list) -> None:
+    """Both graphs reference one page-aligned weights file, so an exported decoder is its weights once on disk
+    (it was twice: 54 MB for llama-cpu's 26 MB), after export and after quantization alike."""
+    import onnx
+
+    source, export, int8 = gen_run[0], gen_run[1], gen_run[3]
+    assert export.artifact.meta["external_data"] == ["weights.bin"]
+    weights = (export.artifact.path.parent / "weights.bin").stat().st_size  # the graphs' own protobuf aside
+    assert weights < 1.05 * source.metrics["size_bytes"]
+    for rec in (export, int8):
+        folder = rec.artifact.path.parent
+        offsets = {}
+        for graph in (rec.artifact.path, folder / "decode.onnx"):
+            model = onnx.load(str(graph), load_external_data=False)
+            for t in model.graph.initializer:
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    info = {e.key: e.value for e in t.external_data}
+                    assert info["location"] == "weights.bin" and int(info["offset"]) % 4096 == 0
+                    offsets.setdefault(graph.name, set()).add(int(info["offset"]))
+        assert offsets["decode.onnx"] & offsets[rec.artifact.path.name]  # shared, not copied
+    assert (int8.artifact.path.parent / "weights.bin").stat().st_size < 0.5 * weights
+
+
 def test_quantized_generation_and_declines(gen_run: list) -> None:
     int8, fuse = gen_run[3], gen_run[4]
     assert int8.status == "ran" and (int8.artifact.path.parent / "decode.onnx").is_file()

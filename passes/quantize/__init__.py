@@ -48,6 +48,7 @@ class QuantizePass(Pass):
     summary = "INT8 (dynamic, static QDQ), FP16, and hybrid INT8/FP32 chosen per node under the accuracy budget"
     Config = QuantizeConfig
     consumes = frozenset({"onnx"})
+    version = 2  # 2: generation graphs share one weights file
     requires = ("onnxruntime",)
     handles_generation = True
 
@@ -65,7 +66,12 @@ class QuantizePass(Pass):
         return self._run_one(artifact, ctx)
 
     def _run_generation(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        """Both generation graphs, the same mode each; the decode graph is quantized in a sub-folder first."""
+        """Both generation graphs, the same mode each (the decode graph in a sub-folder first), then saved over
+        one shared weights file, as export wrote them."""
+        import shutil
+
+        from optimizer import onnx_io
+
         decode = artifact.decode_path()
         assert decode is not None and artifact.path is not None
         sub = ctx.stage_dir / "decode_part"
@@ -73,21 +79,19 @@ class QuantizePass(Pass):
         part = PassContext(ctx.recipe, ctx.stage_name, sub, ctx.feeds, ctx.done, ctx.progress)
         meta = {k: v for k, v in artifact.meta.items() if k not in ("decode", "decode_external_data")}
         d = self._run_one(Artifact("onnx", decode, artifact.runtime, meta), part)
-        assert d.artifact.path is not None
-        (ctx.stage_dir / "decode.onnx").write_bytes(d.artifact.path.read_bytes())
-        for f in d.artifact.meta.get("external_data", []):
-            (sub / f).rename(ctx.stage_dir / f"decode.onnx.{f.split('.')[-1]}")
-        import shutil
-
-        shutil.rmtree(sub)
         p = self._run_one(Artifact("onnx", artifact.path, artifact.runtime, meta), ctx)
+        assert d.artifact.path is not None and p.artifact.path is not None
+        graphs = {p.artifact.path.name: onnx_io.load(p.artifact.path), "decode.onnx": onnx_io.load(d.artifact.path)}
+        shutil.rmtree(sub)
+        for f in p.artifact.files():
+            f.unlink()
+        shared = onnx_io.save_shared(graphs, ctx.stage_dir)
         out_meta = {
             **p.artifact.meta,
+            "external_data": shared,
             "decode": "decode.onnx",
             "layers": artifact.meta["layers"],
-            "decode_external_data": [
-                f"decode.onnx.{f.split('.')[-1]}" for f in d.artifact.meta.get("external_data", [])
-            ],
+            "decode_external_data": [],
         }
         out = Artifact("onnx", p.artifact.path, p.artifact.runtime, out_meta)
         return PassResult(out, modified=True, notes={"prefill": dict(p.notes), "decode": dict(d.notes)})
