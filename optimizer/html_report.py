@@ -157,11 +157,12 @@ def op_breakdown(report: dict[str, Any]) -> str:
         )
     height = legend_y + 16 * ((len(ops) + 1) // 4 + 1) + 10
     scen = report["scenarios"][0]["name"]
+    generation = report["recipe"].get("workload") == "generation"
     return _svg(
         left + width + 120,
         height,
         body,
-        f"Time per op type and run, {scen} (ONNX Runtime profiler, kernel time)",
+        f"Time per op type and {'decode step' if generation else 'run'}, {scen} (ONNX Runtime profiler, kernel time)",
         "ops",
     )
 

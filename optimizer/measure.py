@@ -25,7 +25,7 @@ from optimizer.runners.base import Session
 from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 7
+MEASURE_VERSION = 8
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]

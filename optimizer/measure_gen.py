@@ -122,6 +122,11 @@ def measure_generation_stage(
         **artifact.runtime,
         **(gen.describe() if hasattr(gen, "describe") else {}),
     }
+    op_times: dict[str, float] = {}
+    nodes_executed = None
+    if artifact.kind == "onnx":
+        progress("profiling the decode step", 0, 0)
+        op_times, nodes_executed = decode_step_profile(artifact, recipe, next(iter(feeds)).timing["input_ids"])
     metrics = {
         "workload": "generation",
         "runtime": runtime,
@@ -131,6 +136,27 @@ def measure_generation_stage(
         "within_budget": within,
         "budget": why,
         "scenarios": scenarios,
-        "op_time_ms": {},
+        "op_time_ms": op_times,  # per decode step (first scenario's prompt), from ORT's profiler
+        "nodes_executed": nodes_executed,  # per decode step
     }
     return metrics, new_reference
+
+
+def decode_step_profile(artifact: Artifact, recipe: Recipe, prompt: np.ndarray) -> tuple[dict[str, float], int]:
+    """Time per op type and nodes executed in one decode step (the part of a generation repeated per token),
+    from ONNX Runtime's profiler on the decode graph, fed the cache the prefill graph returns for the prompt."""
+    from optimizer.generation import cache_names
+    from optimizer.runners.gen_runner import ort_generator
+    from optimizer.runners.ort_runner import op_time_breakdown
+
+    decode = artifact.decode_path()
+    assert decode is not None
+    gen = ort_generator(artifact, recipe, device="cpu")
+    logits, *cache = gen.prefill.run(gen.outputs, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)})
+    batch, seq = prompt.shape
+    feed = {
+        "input_ids": logits.argmax(-1)[:, None].astype(np.int64),
+        "attention_mask": np.ones((batch, seq + 1), np.int64),
+        **{past: value for (past, _), value in zip(cache_names(int(artifact.meta["layers"])), cache, strict=True)},
+    }
+    return op_time_breakdown(Artifact("onnx", decode, artifact.runtime, artifact.meta), recipe, feed)

@@ -354,8 +354,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         if m.get("runtime"):
             lines.append(f"- runtime: {m['runtime']}")
         if m.get("graph"):
+            per = "decode step" if m.get("workload") == "generation" else "call"
+            graph = "prefill graph" if m.get("workload") == "generation" else "graph"
             lines.append(
-                f"- nodes in the graph: {m['graph']['nodes']}; executed per call: "
+                f"- nodes in the {graph}: {m['graph']['nodes']}; executed per {per}: "
                 f"{m.get('nodes_executed') or '-'}; op types: {m['graph']['op_types']}"
             )
         if m.get("budget"):

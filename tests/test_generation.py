@@ -181,6 +181,11 @@ def test_generation_metrics_per_scenario(gen_run: list) -> None:
             assert m["throughput"]["tokens_per_s"] == pytest.approx(batch * new * 1000 / m["latency"]["mean_ms"])
     assert export.metrics["accuracy"]["generation"]["token_agreement"] == 1.0
     assert "vs_parent" in export.metrics["scenarios"]["s"]
+    # Where a decode step's time goes (ORT profiler on the decode graph): every executed node has a kernel time.
+    assert source.metrics.get("nodes_executed") is None
+    for rec in (export, ort_stage):
+        assert rec.metrics["nodes_executed"] > 20 and "MatMul" in rec.metrics["op_time_ms"]
+    assert ort_stage.metrics["nodes_executed"] < export.metrics["nodes_executed"]  # ORT's own fusions
 
 
 def test_prefill_and_decode_share_one_weights_file(gen_run: list) -> None:
