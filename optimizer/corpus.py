@@ -90,7 +90,7 @@ def run_one(model_dir: Path, work: Path, result: CorpusResult) -> None:
             "data_file": str(work / "inputs.npz"),
             "scenarios": [{"name": "data", "batch": 1, "seq": 1}],
             "target": {"threads": 1},
-            "benchmark": {"warmup": 1, "rounds": 2, "iterations": 1},
+            "benchmark": {"warmup": 1, "rounds": 2, "iterations": 1, "memory": "inline"},  # robustness, not memory
             "accuracy": {"samples": 1},
             "on_failure": "continue",
             "passes": [spec for spec, _ in PASSES.values()],

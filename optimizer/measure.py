@@ -25,7 +25,7 @@ from optimizer.runners.base import Session
 from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 8
+MEASURE_VERSION = 9
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -35,6 +35,20 @@ def _rss() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+def stage_memory(artifact: Artifact, recipe: Recipe, inline_mb: float) -> tuple[float, dict[str, Any]]:
+    """The stage's host memory (MB) and how it was measured: a fresh-process probe (optimizer/memprobe.py) by
+    default; the in-process growth when the recipe asks for it or the probe cannot run (with the reason)."""
+    detail: dict[str, Any] = {"inline_mb": round(inline_mb, 1)}
+    if recipe.benchmark.memory == "process":
+        from optimizer.memprobe import probe
+
+        result = probe(artifact, recipe)
+        if "peak_mb" in result:
+            return float(result["peak_mb"]), {"method": "process", **result, **detail}
+        detail["reason"] = result["reason"]
+    return inline_mb, {"method": "inline", **detail}
 
 
 def _gpu_allocated(recipe: Recipe) -> int:
@@ -146,11 +160,14 @@ def measure_stage(
 
             progress("profiling op types", 0, 0)
             op_times, nodes_executed = op_time_breakdown(artifact, recipe, next(iter(feeds)).timing)
+        progress("measuring memory", 0, 0)
+        memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
         metrics = {
             "op_time_ms": op_times,  # per run, first scenario, from ORT's profiler (a separate session)
             "nodes_executed": nodes_executed,  # kernels ORT ran per call (after its own fusions)
             "runtime": session.describe(),
             "memory_mb": memory_mb,
+            "memory": memory,
             "gpu_memory_mb": gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)
             "accuracy": accuracy,
             "within_budget": within,

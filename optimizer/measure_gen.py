@@ -15,7 +15,7 @@ import numpy as np
 from optimizer.artifact import Artifact
 from optimizer.generation import Generation, agreement
 from optimizer.inputs import FeedSet
-from optimizer.measure import Progress, Reference, _gpu_allocated, _gpu_peak, _rss
+from optimizer.measure import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, stage_memory
 from optimizer.recipe import Recipe
 from optimizer.runners.gen_runner import generator_for
 from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
@@ -127,10 +127,13 @@ def measure_generation_stage(
     if artifact.kind == "onnx":
         progress("profiling the decode step", 0, 0)
         op_times, nodes_executed = decode_step_profile(artifact, recipe, next(iter(feeds)).timing["input_ids"])
+    progress("measuring memory", 0, 0)
+    memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
     metrics = {
         "workload": "generation",
         "runtime": runtime,
         "memory_mb": memory_mb,
+        "memory": memory,
         "gpu_memory_mb": gpu_memory_mb,
         "accuracy": accuracy,
         "within_budget": within,

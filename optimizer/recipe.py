@@ -139,6 +139,11 @@ class BenchmarkSettings(Strict):
     )
     max_rounds: int = Field(default=40, ge=2, description="upper bound on rounds when target_ci is set")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    memory: Literal["process", "inline"] = Field(
+        default="process",
+        description="process: peak resident set of serving the stage in a fresh process (comparable across "
+        "stages); inline: growth inside the compile process (fast, but skewed by allocator reuse)",
+    )
 
 
 class AccuracyBudget(Strict):

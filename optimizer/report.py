@@ -360,6 +360,14 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"- nodes in the {graph}: {m['graph']['nodes']}; executed per {per}: "
                 f"{m.get('nodes_executed') or '-'}; op types: {m['graph']['op_types']}"
             )
+        mem = m.get("memory") or {}
+        if mem.get("method") == "process":
+            lines.append(
+                f"- host memory (fresh process): peak {mem['peak_mb']:.0f} MB, resident after {mem['steady_mb']:.0f}"
+                f" MB, above {mem['runtime_mb']:.0f} MB of runtime; in-process growth was {mem['inline_mb']:.0f} MB"
+            )
+        elif mem:
+            lines.append(f"- host memory (in-process growth): {m['memory_mb']:.0f} MB {mem.get('reason', '')}".rstrip())
         if m.get("budget"):
             lines.append(f"- accuracy: {m['budget']} ({'within budget' if m.get('within_budget') else 'REJECTED'})")
         if st.get("pass_seconds") is not None:

@@ -10,7 +10,8 @@ import yaml
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
 
-FAST_BENCH = {"warmup": 2, "rounds": 4, "iterations": 3}
+# memory: inline keeps the many small compiles in the tests fast; test_pipeline checks the fresh-process probe.
+FAST_BENCH = {"warmup": 2, "rounds": 4, "iterations": 3, "memory": "inline"}
 
 
 def mlp_recipe(**overrides: Any) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def recipe_data(passes: list[dict], model: dict | None = None) -> dict:
             {"preset": "low_latency_inference", "seq": 16},
         ],
         "target": {"threads": 1},
-        "benchmark": {"warmup": 1, "rounds": 2, "iterations": 1},
+        "benchmark": {"warmup": 1, "rounds": 2, "iterations": 1, "memory": "inline"},
         "accuracy": {"metric": "token_agreement", "min": 1.0, "samples": 1},
         "passes": passes,
     }

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, mlp_recipe, write_recipe
+from conftest import FAST_BENCH, TESTS, mlp_recipe, write_recipe
 
 
 def start_compile(recipe: Path, out: Path) -> subprocess.Popen[str]:
@@ -31,7 +31,7 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120) -> N
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_killed_mid_benchmark_resumes_with_same_numbers(tmp_path: Path, sig: signal.Signals) -> None:
     # Rounds long enough that the signal lands while ort_session is being timed.
-    data = mlp_recipe(benchmark={"warmup": 2, "rounds": 6, "iterations": 3, "min_round_seconds": 0.25})
+    data = mlp_recipe(benchmark={**FAST_BENCH, "warmup": 2, "rounds": 6, "iterations": 3, "min_round_seconds": 0.25})
     recipe = write_recipe(tmp_path, data)
     out = tmp_path / "out"
     proc = start_compile(recipe, out)

@@ -172,3 +172,24 @@ def test_input_name_the_model_does_not_take(tmp_path: Path) -> None:
     src = stage(report, "source")
     assert src["status"] == "failed"
     assert "inputs[0].name: 'pixels' is not an input of MLP.forward (it takes: x)" in src["reason"]
+
+
+def test_memory_is_probed_in_a_fresh_process_per_stage(tmp_path: Path) -> None:
+    """Default memory measurement: each stage served once in a new process. An MLP with 64 MiB of weights
+    (16 x 4096 + 4096 x 4096 floats) costs at least its weights in every stage, PyTorch and ONNX alike, and
+    about the same in each: the figures no longer depend on which stage ran first."""
+    data = mlp_recipe(
+        model={"source": "factory", "target": "tiny_models:mlp", "kwargs": {"hidden": 4096, "classes": 4096}},
+        benchmark={"warmup": 1, "rounds": 2, "iterations": 1},
+        passes=[{"type": "export"}, {"type": "ort_session"}],
+    )
+    report = compile_recipe(write_recipe(tmp_path, data), tmp_path / "out")
+    weights_mb = (16 * 4096 + 4096 * 4096) * 4 / 2**20
+    peaks = []
+    for st in report["stages"]:
+        memory = st["metrics"]["memory"]
+        assert memory["method"] == "process", memory
+        assert st["metrics"]["memory_mb"] == memory["peak_mb"]
+        assert weights_mb * 0.95 < memory["peak_mb"] < weights_mb * 4, (st["name"], memory)
+        peaks.append(memory["peak_mb"])
+    assert max(peaks) < 2.5 * min(peaks), peaks

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mlp_recipe, write_recipe
+from conftest import FAST_BENCH, mlp_recipe, write_recipe
 from test_recipe import run_cli
 
 from optimizer.pipeline import Pipeline
@@ -125,7 +125,8 @@ def test_median_interval_and_adaptive_rounds(tmp_path: Path) -> None:
     assert median_ci_halfwidth(rng.normal(10, 0.1, 400)) < median_ci_halfwidth(rng.normal(10, 0.1, 40))
     assert median_ci_halfwidth([1.0, 2.0]) == float("inf")
     data = mlp_recipe(
-        benchmark={"warmup": 1, "rounds": 2, "iterations": 2, "target_ci": 1e-9, "max_rounds": 5}, passes=[]
+        benchmark={**FAST_BENCH, "warmup": 1, "rounds": 2, "iterations": 2, "target_ci": 1e-9, "max_rounds": 5},
+        passes=[],
     )
     records = Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "out").execute()
     m = records[0].metrics["scenarios"]["b1"]
