@@ -66,9 +66,7 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                     vs_parent_a=(ea.get("vs_parent") or {}).get("ratio"),
                     vs_parent_b=(eb.get("vs_parent") or {}).get("ratio"),
                 )
-                ca = next(iter((ma.get("accuracy") or {}).values()), {}).get("cosine")
-                cb = next(iter((mb.get("accuracy") or {}).values()), {}).get("cosine")
-                row.update(cosine_a=ca, cosine_b=cb)
+                row.update(cosine_a=_accuracy(ma), cosine_b=_accuracy(mb))
             rows.append(row)
     final = next(
         (n for n in reversed(names) if sa[n]["status"] in ("ran", "cached") and sb[n]["status"] in ("ran", "cached")),
@@ -108,7 +106,7 @@ def _cell(r: dict[str, Any]) -> dict[str, str]:
             "A/B": "-",
             "verdict": f"{r['status_a']} / {r['status_b']}",
             "vs parent A -> B": "-",
-            "cosine A -> B": "-",
+            "accuracy A -> B": "-",
         }
     vp = (
         "-"
@@ -125,12 +123,19 @@ def _cell(r: dict[str, Any]) -> dict[str, str]:
         "A/B": f"{r['ratio']:.2f}x",
         "verdict": f"{word} ({r['low']:.2f}-{r['high']:.2f})",
         "vs parent A -> B": vp,
-        "cosine A -> B": cos,
+        "accuracy A -> B": cos,
     }
 
 
+def _accuracy(metrics: dict[str, Any]) -> float | None:
+    """The accuracy figure a reader compares: greedy token agreement for generation (the logits cosine before
+    the first divergence can stay high while the tokens differ), the cosine otherwise."""
+    first = next(iter((metrics.get("accuracy") or {}).values()), {})
+    return first.get("token_agreement", first.get("cosine"))
+
+
 def to_markdown(d: dict[str, Any]) -> str:
-    cols = ["scenario", "stage", "A ms", "B ms", "A/B", "verdict", "vs parent A -> B", "cosine A -> B"]
+    cols = ["scenario", "stage", "A ms", "B ms", "A/B", "verdict", "vs parent A -> B", "accuracy A -> B"]
     lines = [
         f"**A**: `{d['a']['run_dir']}` ({d['a']['created']}) vs **B**: `{d['b']['run_dir']}` ({d['b']['created']})",
         "",

@@ -328,3 +328,14 @@ def test_generation_bundle_export_verify_bench(gen_run: list, tmp_path: Path) ->
     refused = run_cli("export", str(run), "--stage", "ort_session", "--format", "triton", "--out", str(tmp_path / "t"))
     assert refused.returncode == 2 and "is a generation stage" in refused.stderr
     assert not (tmp_path / "t").exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_diff_of_generation_runs_compares_token_agreement(gen_run: list) -> None:
+    from test_recipe import run_cli
+
+    run = Path(gen_run[1].artifact.path).parent.parent
+    proc = run_cli("diff", str(run), str(run), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in json.loads(proc.stdout)["rows"] if r["stage"] == "int8" and r["scenario"] == "s"]
+    expected = gen_run[3].metrics["accuracy"]["generation"]["token_agreement"]
+    assert rows and rows[0]["cosine_a"] == rows[0]["cosine_b"] == expected
