@@ -339,3 +339,19 @@ def test_diff_of_generation_runs_compares_token_agreement(gen_run: list) -> None
     rows = [r for r in json.loads(proc.stdout)["rows"] if r["stage"] == "int8" and r["scenario"] == "s"]
     expected = gen_run[3].metrics["accuracy"]["generation"]["token_agreement"]
     assert rows and rows[0]["cosine_a"] == rows[0]["cosine_b"] == expected
+
+
+def test_static_kv_cache_declines_forward_recipes_and_onnx(tmp_path: Path) -> None:
+    from conftest import mlp_recipe
+
+    from optimizer.artifact import Artifact
+    from passes.static_kv_cache import StaticKVCachePass
+
+    p = StaticKVCachePass(StaticKVCachePass.Config())
+    forward = PassContext(parse_recipe(mlp_recipe()), "static_kv_cache", tmp_path, None)  # type: ignore[arg-type]
+    assert p.skip_reason(Artifact("torch", None), forward) == (
+        "a KV cache is a generation option; this recipe's workload is forward"
+    )
+    generation = PassContext(parse_recipe(recipe_data([])), "static_kv_cache", tmp_path, None)  # type: ignore[arg-type]
+    assert p.skip_reason(Artifact("torch", None), generation) is None
+    assert "takes torch artifacts, got onnx" in str(p.skip_reason(Artifact("onnx", Path("m.onnx")), generation))
