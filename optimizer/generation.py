@@ -12,6 +12,7 @@ decode step), end-to-end time of the task (prompt + all new tokens), and tokens/
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,38 @@ def wrappers(model: Any) -> tuple[Any, Any, int]:
     return Prefill().eval(), Decode().eval(), layers
 
 
+Step = Callable[[int], tuple[Any, np.ndarray]]  # step index -> (logits, next tokens [batch] on the host)
+
+
+def greedy_loop(
+    batch: int, new_tokens: int, prefill: Callable[[], tuple[Any, np.ndarray]], step: Step, snapshot: Any = None
+) -> Generation:
+    """The one timed loop every runtime shares: TTFT is prefill until the first token is on the host, TPOT each
+    step until its token is, e2e the whole task. `snapshot(logits)` copies a step's logits (None: keep none); it
+    runs inside the timing, the conversion to numpy after it."""
+    gen = Generation(np.zeros((batch, new_tokens), np.int64))
+    kept: list[Any] = []
+    start = time.perf_counter_ns()
+    logits, gen.tokens[:, 0] = prefill()
+    gen.ttft_ms = (time.perf_counter_ns() - start) / 1e6
+    if snapshot is not None:
+        kept.append(snapshot(logits))
+    for i in range(1, new_tokens):
+        t0 = time.perf_counter_ns()
+        logits, gen.tokens[:, i] = step(i)
+        gen.tpot_ms.append((time.perf_counter_ns() - t0) / 1e6)
+        if snapshot is not None:
+            kept.append(snapshot(logits))
+    gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
+    gen.step_logits = [np.asarray(x.cpu().numpy() if hasattr(x, "cpu") else x) for x in kept]
+    return gen
+
+
+def torch_snapshot(logits: Any) -> Any:
+    """A device copy: a captured graph overwrites its logits buffer on the next replay."""
+    return logits.float().clone()
+
+
 class TorchGenerator:
     """The loop in PyTorch with transformers' growing (dynamic) cache, on the CPU or a CUDA device. Each token is
     copied to the host as it is produced (what streaming needs, and a sync on CUDA), so times are host-visible."""
@@ -84,30 +117,23 @@ class TorchGenerator:
     def generate(self, prompt: np.ndarray, new_tokens: int, keep_logits: bool = True) -> Generation:
         import torch
 
-        kept: list[Any] = []
-        with torch.inference_mode():
+        batch, seq = prompt.shape
+        state: dict[str, Any] = {}
+
+        def prefill() -> tuple[Any, np.ndarray]:
             ids = torch.from_numpy(prompt).to(self.device)
-            mask = torch.ones_like(ids)
-            start = time.perf_counter_ns()
-            logits, *cache = self.prefill(ids, mask)
-            nxt = logits.argmax(-1, keepdim=True)
-            gen = Generation(np.zeros((prompt.shape[0], new_tokens), np.int64))
-            gen.tokens[:, 0] = nxt[:, 0].cpu().numpy()
-            gen.ttft_ms = (time.perf_counter_ns() - start) / 1e6
-            if keep_logits:
-                kept.append(logits.float().clone())
-            for step in range(1, new_tokens):
-                t0 = time.perf_counter_ns()
-                mask = torch.ones((ids.shape[0], ids.shape[1] + step), dtype=torch.long, device=self.device)
-                logits, *cache = self.decode(nxt, mask, *cache)
-                nxt = logits.argmax(-1, keepdim=True)
-                gen.tokens[:, step] = nxt[:, 0].cpu().numpy()
-                gen.tpot_ms.append((time.perf_counter_ns() - t0) / 1e6)
-                if keep_logits:
-                    kept.append(logits.float().clone())
-            gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
-            gen.step_logits = [x.cpu().numpy() for x in kept]
-        return gen
+            logits, *state["cache"] = self.prefill(ids, torch.ones_like(ids))
+            state["next"] = logits.argmax(-1, keepdim=True)
+            return logits, state["next"][:, 0].cpu().numpy()
+
+        def step(i: int) -> tuple[Any, np.ndarray]:
+            mask = torch.ones((batch, seq + i), dtype=torch.long, device=self.device)
+            logits, *state["cache"] = self.decode(state["next"], mask, *state["cache"])
+            state["next"] = logits.argmax(-1, keepdim=True)
+            return logits, state["next"][:, 0].cpu().numpy()
+
+        with torch.inference_mode():
+            return greedy_loop(batch, new_tokens, prefill, step, torch_snapshot if keep_logits else None)
 
 
 class OrtGenerator:
@@ -119,26 +145,30 @@ class OrtGenerator:
         self.prefill, self.decode, self.names = prefill, decode, cache_names(layers)
         self.outputs = ["logits"] + [p for _, p in self.names]
 
+    def _run(self, session: Any, host: dict[str, np.ndarray], cache: list[Any]) -> tuple[np.ndarray, list[Any]]:
+        """One session call: (logits on the host, the cache as the next call takes it)."""
+        feed = {**host, **{past: value for (past, _), value in zip(self.names if cache else [], cache, strict=True)}}
+        logits, *present = session.run(self.outputs, feed)
+        return logits, present
+
     def generate(self, prompt: np.ndarray, new_tokens: int, keep_logits: bool = True) -> Generation:
         batch, seq = prompt.shape
-        start = time.perf_counter_ns()
-        logits, *cache = self.prefill.run(self.outputs, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)})
-        nxt = logits.argmax(-1)[:, None].astype(np.int64)
-        gen = Generation(np.zeros((batch, new_tokens), np.int64))
-        gen.ttft_ms = (time.perf_counter_ns() - start) / 1e6
-        gen.step_logits.append(logits)
-        gen.tokens[:, 0] = nxt[:, 0]
-        for step in range(1, new_tokens):
-            t0 = time.perf_counter_ns()
-            feed = {"input_ids": nxt, "attention_mask": np.ones((batch, seq + step), np.int64)}
-            feed.update({past: value for (past, _), value in zip(self.names, cache, strict=True)})
-            logits, *cache = self.decode.run(self.outputs, feed)
-            nxt = logits.argmax(-1)[:, None].astype(np.int64)
-            gen.tpot_ms.append((time.perf_counter_ns() - t0) / 1e6)
-            gen.step_logits.append(logits)
-            gen.tokens[:, step] = nxt[:, 0]
-        gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
-        return gen
+        state: dict[str, Any] = {}
+
+        def call(session: Any, ids: np.ndarray, length: int, cache: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+            logits, state["cache"] = self._run(
+                session, {"input_ids": ids, "attention_mask": np.ones((batch, length), np.int64)}, cache
+            )
+            state["next"] = logits.argmax(-1)[:, None].astype(np.int64)
+            return logits, state["next"][:, 0]
+
+        return greedy_loop(
+            batch,
+            new_tokens,
+            lambda: call(self.prefill, prompt, seq, []),
+            lambda i: call(self.decode, state["next"], seq + i, state["cache"]),
+            (lambda x: x) if keep_logits else None,
+        )
 
 
 class OrtBoundGenerator(OrtGenerator):
@@ -151,7 +181,7 @@ class OrtBoundGenerator(OrtGenerator):
         super().__init__(prefill, decode, layers)
         self.device = device
 
-    def _run(self, session: Any, host: dict[str, np.ndarray], cache: list[Any]) -> list[Any]:
+    def _run(self, session: Any, host: dict[str, np.ndarray], cache: list[Any]) -> tuple[np.ndarray, list[Any]]:
         binding = session.io_binding()
         for name, value in host.items():
             binding.bind_cpu_input(name, value)
@@ -161,31 +191,8 @@ class OrtBoundGenerator(OrtGenerator):
         for _, present in self.names:
             binding.bind_output(present, self.device)
         session.run_with_iobinding(binding)
-        return binding.get_outputs()
-
-    def generate(self, prompt: np.ndarray, new_tokens: int, keep_logits: bool = True) -> Generation:
-        batch, seq = prompt.shape
-        gen = Generation(np.zeros((batch, new_tokens), np.int64))
-        start = time.perf_counter_ns()
-        logits, *cache = self._run(self.prefill, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)}, [])
-        host_logits = logits.numpy()
-        nxt = host_logits.argmax(-1)[:, None].astype(np.int64)
-        gen.ttft_ms = (time.perf_counter_ns() - start) / 1e6
-        gen.tokens[:, 0] = nxt[:, 0]
-        if keep_logits:
-            gen.step_logits.append(host_logits)
-        for step in range(1, new_tokens):
-            t0 = time.perf_counter_ns()
-            host = {"input_ids": nxt, "attention_mask": np.ones((batch, seq + step), np.int64)}
-            logits, *cache = self._run(self.decode, host, cache)
-            host_logits = logits.numpy()
-            nxt = host_logits.argmax(-1)[:, None].astype(np.int64)
-            gen.tpot_ms.append((time.perf_counter_ns() - t0) / 1e6)
-            gen.tokens[:, step] = nxt[:, 0]
-            if keep_logits:
-                gen.step_logits.append(host_logits)
-        gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
-        return gen
+        logits, *present = binding.get_outputs()
+        return logits.numpy(), present
 
 
 def agreement(reference: Generation, got: Generation) -> dict[str, float]:

@@ -15,14 +15,13 @@ transformers' generate, which checks stop conditions each step) does, so per-tok
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from optimizer.errors import OptimizerError
-from optimizer.generation import Generation
+from optimizer.generation import Generation, greedy_loop, torch_snapshot
 
 MASK_FORMS = ("sdpa", "eager")  # attention implementations whose 4-D mask format this module builds
 # ATen ops that read a tensor's value back to the host (a sync on CUDA, fatal inside graph capture): Python
@@ -165,35 +164,26 @@ class StaticCacheGenerator:
         import torch
 
         batch, seq = prompt.shape
-        gen = Generation(np.zeros((batch, new_tokens), np.int64))
+
+        def prefill() -> tuple[Any, np.ndarray]:
+            logits = self._prefill(buf, torch.from_numpy(prompt).to(self.device))
+            buf.ids.copy_(logits.argmax(-1, keepdim=True))
+            if self.cuda_graph and buf.graph is None and new_tokens > 1:
+                self._capture(buf)  # first generation of this shape only (the benchmark's warm-up)
+            return logits, buf.ids[:, 0].cpu().numpy()
+
+        def step(i: int) -> tuple[Any, np.ndarray]:
+            if buf.graph is not None:
+                buf.graph.replay()
+                logits = buf.logits
+            else:
+                logits = self._step(buf)
+            return logits, buf.ids[:, 0].cpu().numpy()
+
         with torch.inference_mode():
             buf = self._buffers_for(batch, seq + new_tokens)
             buf.cache.reset()  # in place: the buffers keep their addresses, so a captured graph stays valid
-            ids = torch.from_numpy(prompt).to(self.device)
-            kept: list[Any] = []
-            start = time.perf_counter_ns()
-            logits = self._prefill(buf, ids)
-            buf.ids.copy_(logits.argmax(-1, keepdim=True))
-            gen.tokens[:, 0] = buf.ids[:, 0].cpu().numpy()  # the host has the first token: TTFT
-            gen.ttft_ms = (time.perf_counter_ns() - start) / 1e6
-            if keep_logits:
-                kept.append(logits.float().clone())
-            if self.cuda_graph and buf.graph is None and new_tokens > 1:
-                self._capture(buf)  # first generation of this shape only (the benchmark's warm-up)
-            for step in range(1, new_tokens):
-                t0 = time.perf_counter_ns()
-                if buf.graph is not None:
-                    buf.graph.replay()
-                    logits = buf.logits
-                else:
-                    logits = self._step(buf)
-                gen.tokens[:, step] = buf.ids[:, 0].cpu().numpy()
-                gen.tpot_ms.append((time.perf_counter_ns() - t0) / 1e6)
-                if keep_logits:
-                    kept.append(logits.float().clone())
-            gen.e2e_ms = (time.perf_counter_ns() - start) / 1e6
-            gen.step_logits = [x.cpu().numpy() for x in kept]
-        return gen
+            return greedy_loop(batch, new_tokens, prefill, step, torch_snapshot if keep_logits else None)
 
     def step_host_reads(self, prompt: np.ndarray) -> tuple[int, list[str]]:
         """Prefill the prompt, then run one decode step under host_reads: (ops in the step, host-reading ops)."""
