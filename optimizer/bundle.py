@@ -271,16 +271,18 @@ def verify_bundle(root: Path) -> list[str]:
     return problems
 
 
-def _session(root: Path, manifest: dict[str, Any]) -> Any:
+def _session(root: Path, manifest: dict[str, Any], model: str | None = None) -> Any:
+    """A CPU session on one of the bundle's graphs (default: its model) with the runtime options it records."""
     import onnxruntime as ort
 
     from optimizer.runners.ort_runner import session_options
 
+    path = root / (model or manifest["model"])
     so = session_options(manifest["runtime"]["onnxruntime_session"], int(manifest["runtime"]["threads"]))
     try:
-        return ort.InferenceSession(str(root / manifest["model"]), so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as e:
-        raise OptimizerError(f"{root / manifest['model']}: onnxruntime cannot load it: {e}") from e
+        raise OptimizerError(f"{path}: onnxruntime cannot load it: {e}") from e
 
 
 def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:

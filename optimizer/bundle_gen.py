@@ -25,20 +25,11 @@ TOLERANCE = {"min_token_agreement": 1.0, "min_logits_cosine": 0.999999}
 
 
 def _generator(root: Path, manifest: dict[str, Any]) -> Any:
-    import onnxruntime as ort
-
+    from optimizer.bundle import _session
     from optimizer.generation import OrtGenerator
-    from optimizer.runners.ort_runner import session_options
 
-    so = session_options(manifest["runtime"]["onnxruntime_session"], int(manifest["runtime"]["threads"]))
-    sessions = []
-    for part in ("prefill", "decode"):
-        path = root / manifest["graphs"][part]
-        try:
-            sessions.append(ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]))
-        except Exception as e:
-            raise OptimizerError(f"{path}: onnxruntime cannot load it: {str(e).splitlines()[0]}") from e
-    return OrtGenerator(sessions[0], sessions[1], int(manifest["cache"]["layers"]))
+    prefill, decode = (_session(root, manifest, manifest["graphs"][part]) for part in ("prefill", "decode"))
+    return OrtGenerator(prefill, decode, int(manifest["cache"]["layers"]))
 
 
 def export_generation_bundle(

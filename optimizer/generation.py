@@ -138,8 +138,7 @@ class TorchGenerator:
 
 class OrtGenerator:
     """The same loop over two ONNX Runtime sessions; the cache goes back in as numpy arrays each step. On the CPU
-    this costs nothing measurable over IO binding (same-run comparison, GPT-2 4x256: 126 vs 129 ms at 128+64
-    tokens), so the CPU keeps the plain path."""
+    IO binding is no faster (scripts/bench_generation_layout.py), so the CPU keeps this plain path."""
 
     def __init__(self, prefill: Any, decode: Any, layers: int) -> None:
         self.prefill, self.decode, self.names = prefill, decode, cache_names(layers)

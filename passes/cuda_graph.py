@@ -91,8 +91,9 @@ def _check_decode(ctx: PassContext) -> dict[str, object]:
 
     prompt = next(iter(ctx.feeds)).timing["input_ids"]
     try:
-        eager = StaticCacheGenerator(load_module(ctx.recipe), 1, "cuda").generate(prompt, 8)
-        graphed = StaticCacheGenerator(load_module(ctx.recipe), 1, "cuda", cuda_graph=True)
+        model = load_module(ctx.recipe)  # one copy on the device; each generator has its own cache buffers
+        eager = StaticCacheGenerator(model, 1, "cuda").generate(prompt, 8)
+        graphed = StaticCacheGenerator(model, 1, "cuda", cuda_graph=True)
         got = graphed.generate(prompt, 8)
     except Exception as e:
         raise PassError(ctx.stage_name, f"CUDA graph capture of the decode step failed: {e}", ctx.done) from e
