@@ -228,7 +228,8 @@ def test_static_kv_cache_stage_on_the_cpu(gen_run: list) -> None:
     assert static.metrics["runtime"]["kv_cache"] == "static" and static.metrics["runtime"]["cuda_graph"] is False
     assert static.metrics["accuracy"]["generation"]["token_agreement"] == 1.0
     assert "vs_parent" in static.metrics["scenarios"]["s"]  # timed against stage 0, interleaved
-    assert graph.status == "skipped" and graph.reason
+    cpu_target = "target.device is cpu: CUDA graphs need target.device: cuda"
+    assert graph.status == "skipped" and graph.reason == (cuda_reason() or cpu_target)
 
 
 @pytest.mark.skipif(cuda_reason() is None, reason="this test is about a machine without CUDA")
