@@ -34,7 +34,8 @@ TRITON_TYPES = {
 
 
 def pick_stage(report: dict[str, Any], name: str) -> dict[str, Any]:
-    """The named stage, or "best": the fastest stage (first scenario P50) that ran and meets the budget."""
+    """The named stage, or "best" by the one rule (optimizer/best.py): fastest within the budget by the chained
+    interleaved ratios, ties within noise broken by size."""
     stages = [s for s in report["stages"] if s["status"] in ("ran", "cached") and s.get("artifact")]
     if name != "best":
         stage = next((s for s in report["stages"] if s["name"] == name), None)
@@ -45,11 +46,12 @@ def pick_stage(report: dict[str, Any], name: str) -> dict[str, Any]:
         if stage not in stages:
             raise OptimizerError(f"--stage: stage {name!r} has no artifact to export ({stage['status']})")
         return stage
-    scen = report["scenarios"][0]["name"]
-    ok = [s for s in stages if (s.get("metrics") or {}).get("within_budget") and s["artifact"]["kind"] != "torch"]
-    if not ok:
-        raise OptimizerError("--stage best: no exportable stage meets the accuracy budget")
-    return min(ok, key=lambda s: s["metrics"]["scenarios"][scen]["latency"]["p50_ms"])
+    from optimizer.best import best_stage
+
+    chosen, why = best_stage(report)
+    if chosen is None:
+        raise OptimizerError(f"--stage best: {why}")
+    return chosen
 
 
 def _io(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -136,7 +138,7 @@ def _forward_bundle(
     arrays: dict[str, np.ndarray] = {}
     bundled = Artifact("onnx", model_dir / "model.onnx", artifact.runtime, artifact.meta)
     with OrtRunner(bundled, recipe).load() as session:
-        for sf in build_feeds(recipe, 1):
+        for sf in build_feeds(recipe, 1, per_scenario=False):
             outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
             arrays.update({f"{sf.scenario.name}/in/{k}": v for k, v in sf.timing.items()})
             arrays.update(

@@ -70,7 +70,7 @@ def export_generation_bundle(
     runtime = {"onnxruntime_session": artifact.runtime, "threads": report["settings"]["threads"]}
     gen = _generator(root, {**manifest, "runtime": runtime})
     arrays: dict[str, np.ndarray] = {}
-    for sf in build_feeds(recipe, 1):
+    for sf in build_feeds(recipe, 1, per_scenario=False):
         prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
         g = gen.generate(prompt, new)
         arrays[f"{sf.scenario.name}/prompt"] = prompt

@@ -94,8 +94,15 @@ def compile_(
             "[dim]vs parent: stage and parent timed interleaved in one session (~ = within noise); "
             "P50/P99 come from that same session, so compare stages through the ratios.[/]"
         )
+        from optimizer.report import tail_note
+
+        note = tail_note(report)
+        if note:
+            out.print(f"[dim]{note}[/]", highlight=False)
         for line in report["findings"]:
             out.print(f"[yellow]![/] {line}", highlight=False)
+        if report.get("best", {}).get("stage"):
+            out.print(f"[bold]best[/]: {report['best']['why']}", highlight=False)
         run_id = report.get("history_id")
         out.print(
             f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}, {run_dir / 'report.html'}  "

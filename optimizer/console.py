@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optimizer.report import columns, scenario_summary, stage_rows
+from optimizer.report import columns, scenario_summary, scenario_title, stage_rows
 from optimizer.stage import StageRecord
 
 STATUS_STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "interrupted": "red"}
@@ -58,7 +58,7 @@ def stage_tables(report: dict[str, Any]) -> list[Table]:
     tables = []
     for scen in report["scenarios"]:
         table = Table(
-            title=f"{report['recipe']['name']} | scenario {scen['name']} (batch {scen['batch']}, seq {scen['seq']})",
+            title=f"{report['recipe']['name']} | scenario {scenario_title(report, scen)}",
             title_justify="left",
             header_style="bold",
         )

@@ -1,9 +1,18 @@
 """Diff two runs pass by pass: stages aligned by name, latency both sides, ratio, noise, accuracy change.
 
-Across runs there is no interleaving to lean on, so "beyond noise" comes from each side's own timing samples:
-a bootstrap of median(A) / median(B), resampling each side independently; the change is real when the 95%
-interval excludes 1.0. Runs recorded before samples were kept fall back to the standard error of the median
-(1.2533 * std / sqrt(n)) on each side.
+Two runs are never interleaved, and the machine drifts between them (other jobs, frequency, memory layout): raw
+P50s of the same code moved 0.54x between two runs here. So each pass is judged by what it contributes in its own
+run: its interleaved ratio against its input (the control measured beside it, in both runs). B/A of that ratio is
+the pass's own change; machine drift that slows a stage and its input alike cancels.
+
+Noise: each run's ratio has its 95% bootstrap interval, but the ratios themselves move between runs more than
+those intervals say (the same fuse stage read 1.36x and 1.11x in two runs of identical code). That between-run
+excess is estimated from the runs themselves: the typical size of the other passes' changes relative to their
+intervals (a robust median, leaving the judged pass out, never below 1) inflates the judged pass's interval, and
+the interval is widened by the control's own change, stage 0's raw P50 between the runs (a process or machine that
+moved by 8% can move a ratio by as much). A real slowdown of one pass stands out; a machine that moved widens all.
+Changes under MIN_EFFECT are never called. Stage 0, the control, is shown with its raw P50 change (a bootstrap
+of each side's samples) and is not judged: two runs cannot separate its own change from the machine's.
 """
 
 from __future__ import annotations
@@ -12,6 +21,37 @@ import math
 from typing import Any
 
 import numpy as np
+
+MIN_EFFECT = 0.02  # between-run differences smaller than this are within noise, whatever the intervals say
+Z95 = 1.96
+
+
+def machine_drift(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """Change of the fixed calibration workload (optimizer/machine.py) from run A to run B (B/A - 1), or None."""
+    means = []
+    for r in (a, b):
+        c = (r.get("machine") or {}).get("calibration") or {}
+        if not c.get("before_ms"):
+            return None
+        means.append(math.sqrt(c["before_ms"] * (c.get("after_ms") or c["before_ms"])))
+    return means[1] / means[0] - 1
+
+
+def _link(e: dict[str, Any]) -> tuple[float, float] | None:
+    """(log ratio, log sigma) of a stage's interleaved ratio against its input."""
+    vs = e.get("vs_parent")
+    if not vs or not vs.get("ratio"):
+        return None
+    return math.log(vs["ratio"]), (math.log(max(vs["high"], 1e-12)) - math.log(max(vs["low"], 1e-12))) / (2 * Z95)
+
+
+def _inflation(changes: dict[tuple[str, str], tuple[float, float]], stage: str) -> float:
+    """How much more the ratios moved between the runs than their intervals say: median |change| / sigma over the
+    other stages (each scenario), scaled to a normal's sigma (/ 0.6745), at least 1."""
+    pool = [abs(m) / s for (st, _), (m, s) in changes.items() if st != stage and s > 0]
+    if len(pool) < 2:
+        pool = [abs(m) / s for (m, s) in changes.values() if s > 0]
+    return max(1.0, float(np.median(pool)) / 0.6745) if pool else 1.0
 
 
 def _verdict(a: dict[str, Any], b: dict[str, Any], seed: int = 0) -> tuple[float, float, str]:
@@ -42,11 +82,28 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     sa, sb = _stages(a), _stages(b)
     names = [n for n in sb if n in sa]
     scenarios = [s["name"] for s in b["scenarios"] if s["name"] in {x["name"] for x in a["scenarios"]}]
+
+    def entries(name: str, scen: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        ma, mb = (sa[name].get("metrics") or {}), (sb[name].get("metrics") or {})
+        return (ma.get("scenarios") or {}).get(scen), (mb.get("scenarios") or {}).get(scen)
+
+    changes: dict[tuple[str, str], tuple[float, float]] = {}  # (stage, scenario) -> (log B/A of its ratio, sigma)
+    for scen in scenarios:
+        for name in names:
+            ea, eb = entries(name, scen)
+            la, lb = (_link(ea), _link(eb)) if ea and eb else (None, None)
+            if la and lb and sa[name]["parent"] == sb[name]["parent"]:
+                changes[(name, scen)] = (lb[0] - la[0], math.sqrt(la[1] ** 2 + lb[1] ** 2))
+    control: dict[str, float] = {}  # scenario -> |log| of stage 0's raw P50 change: how far the machine moved
+    source = sb[names[0]]["name"] if names and sb[names[0]]["index"] == 0 else None
+    for scen in scenarios:
+        ea, eb = entries(source, scen) if source else (None, None)
+        if ea and eb:
+            control[scen] = abs(math.log(eb["latency"]["p50_ms"] / ea["latency"]["p50_ms"]))
     rows = []
     for scen in scenarios:
         for name in names:
-            ma, mb = (sa[name].get("metrics") or {}), (sb[name].get("metrics") or {})
-            ea, eb = (ma.get("scenarios") or {}).get(scen), (mb.get("scenarios") or {}).get(scen)
+            ea, eb = entries(name, scen)
             row: dict[str, Any] = {
                 "scenario": scen,
                 "stage": name,
@@ -55,18 +112,40 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 "status_b": sb[name]["status"],
             }
             if ea and eb:
-                low, high, verdict = _verdict(ea, eb)
+                raw = ea["latency"]["p50_ms"] / eb["latency"]["p50_ms"]
+                if (name, scen) in changes and sb[name]["index"] > 0:
+                    mu, sigma = changes[(name, scen)]
+                    k = _inflation(changes, name)
+                    ratio, basis = math.exp(mu), "its own ratio vs its input (interleaved, both runs)"
+                    half = Z95 * k * sigma + control.get(scen, 0.0)
+                    low, high = math.exp(mu - half), math.exp(mu + half)
+                    verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
+                    row["inflation"], row["control_change"] = k, math.exp(control.get(scen, 0.0)) - 1
+                else:
+                    low, high, verdict = _verdict(ea, eb)
+                    ratio = raw
+                    basis = "raw P50 (the control, not judged)" if sb[name]["index"] == 0 else "raw P50"
+                    if sb[name]["index"] == 0:
+                        verdict = "control"
+                if verdict in ("faster", "slower") and abs(math.log(ratio)) < math.log1p(MIN_EFFECT):
+                    verdict = "within noise"
                 row.update(
                     p50_a=ea["latency"]["p50_ms"],
                     p50_b=eb["latency"]["p50_ms"],
-                    ratio=ea["latency"]["p50_ms"] / eb["latency"]["p50_ms"],
+                    raw_ratio=raw,
+                    ratio=ratio,
+                    basis=basis,
                     low=low,
                     high=high,
                     verdict=verdict,
                     vs_parent_a=(ea.get("vs_parent") or {}).get("ratio"),
                     vs_parent_b=(eb.get("vs_parent") or {}).get("ratio"),
+                    vs_source_a=(sa[name].get("vs_source") or {}).get(scen),
+                    vs_source_b=(sb[name].get("vs_source") or {}).get(scen),
                 )
-                row.update(cosine_a=_accuracy(ma), cosine_b=_accuracy(mb))
+                row.update(
+                    cosine_a=_accuracy(sa[name].get("metrics") or {}), cosine_b=_accuracy(sb[name].get("metrics") or {})
+                )
             rows.append(row)
     final = next(
         (n for n in reversed(names) if sa[n]["status"] in ("ran", "cached") and sb[n]["status"] in ("ran", "cached")),
@@ -79,6 +158,7 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "only_in_a": [n for n in sa if n not in sb],
         "only_in_b": [n for n in sb if n not in sa],
         "rows": rows,
+        "machine_drift": machine_drift(a, b),
         "final_stage": final,
         "totals": totals,
     }
@@ -90,8 +170,8 @@ def regressions(d: dict[str, Any], pct: float) -> list[str]:
     for r in d["rows"]:
         if r.get("verdict") == "slower" and (1 / r["ratio"] - 1) * 100 > pct:
             out.append(
-                f"{r['stage']} on {r['scenario']}: {100 * (1 / r['ratio'] - 1):.1f}% slower "
-                f"({r['p50_a']:.2f} -> {r['p50_b']:.2f} ms)"
+                f"{r['stage']} on {r['scenario']}: {100 * (1 / r['ratio'] - 1):.1f}% slower, {r['basis']} "
+                f"(P50 {r['p50_a']:.2f} -> {r['p50_b']:.2f} ms)"
             )
     return out
 
@@ -114,7 +194,9 @@ def _cell(r: dict[str, Any]) -> dict[str, str]:
         else f"{r['vs_parent_a']:.2f}x -> {r['vs_parent_b']:.2f}x"
     )
     cos = "-" if r["cosine_a"] is None or r["cosine_b"] is None else f"{r['cosine_a']:.5f} -> {r['cosine_b']:.5f}"
-    word = {"faster": "B faster", "slower": "B SLOWER", "within noise": "within noise"}[r["verdict"]]
+    word = {"faster": "B faster", "slower": "B SLOWER", "within noise": "within noise", "control": "control"}[
+        r["verdict"]
+    ]
     return {
         "scenario": r["scenario"],
         "stage": r["stage"],
@@ -139,7 +221,15 @@ def to_markdown(d: dict[str, Any]) -> str:
     lines = [
         f"**A**: `{d['a']['run_dir']}` ({d['a']['created']}) vs **B**: `{d['b']['run_dir']}` ({d['b']['created']})",
         "",
-        "P50 latency; A/B > 1 means B is faster; the interval is a 95% bootstrap of the ratio.",
+        "A/B > 1 means B is faster. Each pass is judged by its own interleaved ratio against its input, B over A, "
+        "so drift of the machine between the runs cancels; its 95% interval is widened by how much the other "
+        f"passes' ratios moved between the runs. Changes under {MIN_EFFECT:.0%} are within noise. Stage 0 is the "
+        "control: its raw P50 change is shown, not judged."
+        + (
+            f" The fixed calibration workload ran {d['machine_drift']:+.1%} from A to B."
+            if d.get("machine_drift") is not None
+            else ""
+        ),
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),

@@ -189,7 +189,8 @@ def accuracy_chart(report: dict[str, Any]) -> str:
             f'fill="{fill}"><title>cosine {cos:.9f}</title></rect>'
         )
         body.append(f'<text x="{left + d / cap * width + 6:.1f}" y="{y + 15}" font-size="11">cosine {cos:.6f}</text>')
-    if budget.get("metric") == "cosine" and budget.get("min") is not None:
+    metric = report["settings"].get("accuracy_metric") or budget.get("metric") or "cosine"
+    if metric == "cosine" and budget.get("min") is not None:
         bx = left + digits(budget["min"]) / cap * width
         body.append(
             f'<line x1="{bx:.1f}" x2="{bx:.1f}" y1="5" y2="{15 + len(stages) * row}" stroke="#000" '

@@ -1,13 +1,17 @@
 """Inputs for every scenario: generated from the recipe's specs, or real text through the model's tokenizer.
 
-They are built once per run from the recipe's seed, so every stage sees exactly the same arrays: the first
-sample of each scenario is what the benchmark times, and all samples feed the accuracy comparison.
+They are built once per run from the recipe's seed, so every stage sees exactly the same arrays: the benchmark
+cycles through every sample of a scenario (parent and child on the same sample at the same call), and all samples
+feed the accuracy comparison. A scenario with `padding: longest` takes sentences at their natural lengths (each
+batch padded to its longest sentence), so its latency is that of the mix a service really sees; its lengths are
+summarized in the report.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +28,30 @@ class ScenarioFeeds:
 
     @property
     def timing(self) -> Feed:
+        """One representative sample (the first): for probes and checks that need a single input."""
         return self.samples[0]
+
+    def lengths(self) -> dict[str, Any] | None:
+        """Tokens per sample (the sequence dim of the mask or the first input): min / median / max and the
+        share of positions that are padding, or None for inputs without a sequence dim."""
+        seqs, real, total = [], 0, 0
+        for f in self.samples:
+            name = next((n for n in f if "mask" in n and f[n].ndim == 2), next(iter(f)))
+            a = f[name]
+            if a.ndim != 2:
+                return None
+            seqs.append(a.shape[1])
+            if "mask" in name:
+                real += int(a.astype(bool).sum())
+                total += a.size
+        return {
+            "padding": self.scenario.padding,
+            "samples": len(seqs),
+            "seq_min": int(min(seqs)),
+            "seq_median": float(np.median(seqs)),
+            "seq_max": int(max(seqs)),
+            "padded_share": round(1 - real / total, 4) if total else None,
+        }
 
 
 @dataclass
@@ -81,8 +108,9 @@ def _tokenizer(recipe: Recipe):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def build_feeds(recipe: Recipe, samples: int) -> FeedSet:
-    """`samples` feeds per scenario; text sentences are taken in order, so sample k differs from sample k+1."""
+def build_feeds(recipe: Recipe, samples: int, per_scenario: bool = True) -> FeedSet:
+    """`samples` feeds per scenario (or the scenario's own `samples` when per_scenario); text sentences are taken
+    in order, so sample k differs from sample k+1."""
     if recipe.data_file:
         return _from_file(recipe, samples)
     rng = np.random.default_rng(recipe.seed)
@@ -93,13 +121,13 @@ def build_feeds(recipe: Recipe, samples: int) -> FeedSet:
     cursor = 0
     for scenario in recipe.scenarios:
         feeds: list[Feed] = []
-        for _ in range(samples):
+        for _ in range((scenario.samples or samples) if per_scenario else samples):
             feed: Feed = {}
             if tokenizer is not None:
                 batch = [sentences[(cursor + i) % len(sentences)] for i in range(scenario.batch)]
                 cursor += scenario.batch
                 enc = tokenizer(
-                    batch, padding="max_length", truncation=True, max_length=scenario.seq, return_tensors="np"
+                    batch, padding=scenario.padding, truncation=True, max_length=scenario.seq, return_tensors="np"
                 )
                 wanted = names or list(enc.keys())
                 for name in wanted:
@@ -131,4 +159,4 @@ def _from_file(recipe: Recipe, samples: int) -> FeedSet:
     if missing:
         raise InputError(f"data_file: {path} has no arrays for {missing}")
     feed = {n: feed[n] for n in names}
-    return FeedSet(names, {s.name: ScenarioFeeds(s, [feed] * samples) for s in recipe.scenarios})
+    return FeedSet(names, {s.name: ScenarioFeeds(s, [feed] * (s.samples or samples)) for s in recipe.scenarios})

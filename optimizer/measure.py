@@ -14,18 +14,19 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.accuracy import AccuracyMeter, budget_verdict, mask_of
+from optimizer.accuracy import AccuracyMeter, mask_of, recipe_verdict
 from optimizer.artifact import Artifact
-from optimizer.benchmark import Timed, measure, warm_up
+from optimizer.benchmark import Timed, measure, warm_up_all
 from optimizer.gpu.nvml import NvmlSampler
 from optimizer.inputs import FeedSet
+from optimizer.machine import LoadSampler
 from optimizer.recipe import Recipe
 from optimizer.runners import runner_for
 from optimizer.runners.base import Session
 from optimizer.stats import LatencyStats, median_ci_halfwidth, speedup
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 9
+MEASURE_VERSION = 11  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -103,17 +104,18 @@ def measure_stage(
         before = _rss()
         gpu_before = _gpu_allocated(recipe)
         session = stack.enter_context(runner_for(artifact, recipe).load())
-        prepared = {sf.scenario.name: session.prepare(sf.timing) for sf in feeds}
+        prepared = {sf.scenario.name: [session.prepare(f) for f in sf.samples] for sf in feeds}
         for name in prepared:
-            warm_up(session, prepared[name], settings.warmup)
+            warm_up_all(session, prepared[name], settings.warmup)
         memory_mb = (_rss() - before) / 2**20
         gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
 
         new_reference = run_all(session, feeds) if reference is None else None
         accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
-        within, why = budget_verdict(accuracy, recipe.accuracy)
+        within, why = recipe_verdict(accuracy, recipe)
 
         parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
+        load = stack.enter_context(LoadSampler())
         scenarios: dict[str, Any] = {}
         total = len(prepared) * settings.rounds
         done = 0
@@ -122,8 +124,8 @@ def measure_stage(
             child = Timed(session, prepared[name])
             other = None
             if parent_session is not None:
-                other = Timed(parent_session, parent_session.prepare(sf.timing))
-                warm_up(parent_session, other.prepared, settings.warmup)
+                other = Timed(parent_session, [parent_session.prepare(f) for f in sf.samples])
+                warm_up_all(parent_session, other.inputs, settings.warmup)
 
             def tick(r: int, base: int = done, label: str = name) -> None:
                 progress(f"timing {label}", base + r, total)
@@ -138,6 +140,7 @@ def measure_stage(
                 "iterations": len(child.samples()),
                 "rounds": len(child.rounds),
                 "median_ci_halfwidth": median_ci_halfwidth(child.samples()),
+                "inputs": sf.lengths() or {"samples": len(sf.samples)},  # the mix the latency was taken over
                 # Kept so that runs can be compared later (optimizer diff) with their real spread.
                 "samples_ms": [round(x, 4) for x in child.samples()],
             }
@@ -148,11 +151,12 @@ def measure_stage(
             if recipe.target.device == "cuda":  # kernels run and host launches per call (any runtime, via CUPTI)
                 from optimizer.gpu.kernels import profile_kernels
 
-                entry["cuda_kernels"] = profile_kernels(lambda p=prepared[name]: session.run(p))
+                entry["cuda_kernels"] = profile_kernels(lambda p=prepared[name][0]: session.run(p))
             if other is not None:
                 entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
                 entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()
             scenarios[name] = entry
+        load.__exit__(None, None, None)
         op_times: dict[str, float] = {}
         nodes_executed = None
         if artifact.kind == "onnx":
@@ -173,5 +177,6 @@ def measure_stage(
             "within_budget": within,
             "budget": why,
             "scenarios": scenarios,
+            "machine_load": load.result,  # other processes' CPU, steal, load average while this stage was timed
         }
     return metrics, new_reference

@@ -65,15 +65,19 @@ def measure_generation_stage(
             worst["cosine"] = min(worst["cosine"], a["logits_cosine_before_divergence"])
             worst["logits_cosine_min"] = min(worst["logits_cosine_min"], a["logits_cosine_min"])
     accuracy = {"generation": worst}
-    from optimizer.accuracy import budget_verdict
+    from optimizer.accuracy import recipe_verdict
 
-    within, why = budget_verdict(accuracy, recipe.accuracy)
+    within, why = recipe_verdict(accuracy, recipe)
     parent_gen = generator_for(parent, recipe) if parent is not None else None
     scenarios: dict[str, Any] = {}
     total = len(recipe.scenarios) * settings.rounds
     done = 0
+    from optimizer.machine import LoadSampler
+
+    load = LoadSampler().__enter__()
     for sf in feeds:
         prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
+        prompts = [f["input_ids"] for f in sf.samples]  # timed in turn, parent and child on the same prompt
         sides = [("child", gen)] + ([("parent", parent_gen)] if parent_gen is not None else [])
         for _, g in sides:  # at least once: a CUDA-graph stage captures its decode step on its first generation
             for _ in range(max(1, min(settings.warmup, 2))):
@@ -83,7 +87,12 @@ def measure_generation_stage(
 
         while r < settings.rounds or _loose(runs["child"], r, settings):
             for name, g in sides if r % 2 == 0 else sides[::-1]:
-                runs[name].append([g.generate(prompt, new, keep_logits=False) for _ in range(settings.iterations)])
+                runs[name].append(
+                    [
+                        g.generate(prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False)
+                        for i in range(settings.iterations)
+                    ]
+                )
             r += 1
             done += 1
             progress(f"generating {sf.scenario.name}", done, total)
@@ -114,6 +123,7 @@ def measure_generation_stage(
 
             entry["cuda_kernels"] = profile_kernels(lambda g=gen, p=prompt, n=new: g.generate(p, n, False), calls=1)
         scenarios[sf.scenario.name] = entry
+    load.__exit__(None, None, None)
     runtime = {
         "runtime": "pytorch" if artifact.kind == "torch" else "onnxruntime",
         "device": recipe.target.device,
@@ -139,6 +149,7 @@ def measure_generation_stage(
         "within_budget": within,
         "budget": why,
         "scenarios": scenarios,
+        "machine_load": load.result,
         "op_time_ms": op_times,  # per decode step (first scenario's prompt), from ORT's profiler
         "nodes_executed": nodes_executed,  # per decode step
     }

@@ -104,7 +104,7 @@ def main() -> None:
     artifact = Artifact.from_json(spec["artifact"])
     if recipe.target.device == "cuda":
         torch.cuda.init()
-    feeds = build_feeds(recipe, 1)
+    feeds = build_feeds(recipe, 1, per_scenario=False)
     gc.collect()
     reset = _reset_peak()
     baseline = _status_mb("VmRSS")

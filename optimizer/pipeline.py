@@ -99,6 +99,7 @@ class Pipeline:
             self.run.release()
             raise
         self.feeds_key = _feeds_hash(self.feeds)
+        self._calibrate("before_ms")
         stop_reason: str | None = None
         current: StageRecord | None = None
         try:
@@ -115,6 +116,7 @@ class Pipeline:
                     stop_reason = f"stage {rec.name!r} failed (on_failure: {self.recipe.on_failure})"
             if not stop_reason and self.measure and self.recipe.batch_sweep and self.recipe.workload == "forward":
                 self._sweep()
+            self._calibrate("after_ms")
         except KeyboardInterrupt:
             if current is not None:
                 current.status, current.reason = "interrupted", "interrupted (Ctrl-C or SIGTERM)"
@@ -125,6 +127,18 @@ class Pipeline:
         finally:
             self.run.release()
         return self.records
+
+    def _calibrate(self, when: str) -> None:
+        """Time the fixed calibration workload (optimizer/machine.py) at the start and end of a measuring run:
+        whether the machine changed under the run. Kept in machine.json for the report."""
+        if not self.measure:
+            return
+        from optimizer.machine import calibration_ms
+
+        path = self.run.root / "machine.json"
+        data = (rd.read_json(path) or {}) if when == "after_ms" else {}
+        data[when] = round(calibration_ms(), 4)
+        rd.write_json(path, data)
 
     def _sweep(self) -> None:
         """The batch sweep of the chosen stage, cached in batch_sweep.json by stage key and settings."""

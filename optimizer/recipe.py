@@ -104,6 +104,14 @@ class Scenario(Strict):
     seq: int = Field(default=128, ge=1, description="sequence length; the prompt length for generation")
     new_tokens: int = Field(default=32, ge=1, description="generation: tokens generated per task")
     dims: dict[str, int] = Field(default_factory=dict, description="extra symbolic dims")
+    padding: Literal["max_length", "longest"] = Field(
+        default="max_length",
+        description="text inputs: max_length pads every sample to `seq` (the worst case); longest pads each batch "
+        "to its longest sentence (truncated at `seq`), as an embedding service does: the natural lengths",
+    )
+    samples: int | None = Field(
+        default=None, ge=1, description="inputs of this scenario, timed in turn and compared; default accuracy.samples"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -137,8 +145,20 @@ class BenchmarkSettings(Strict):
         description="keep adding rounds until the median's 95% interval is within +/- this "
         "fraction of it (0: exactly `rounds`)",
     )
-    max_rounds: int = Field(default=40, ge=2, description="upper bound on rounds when target_ci is set")
+    max_rounds: int = Field(default=40, ge=2, description="upper bound on rounds when target_ci or resolve_tail is set")
+    resolve_tail: bool = Field(
+        default=False,
+        description="keep adding rounds until the P99's 95% interval is bounded by the calls taken (about 370 "
+        "calls), up to max_rounds; without it a P99 from fewer calls is reported as not resolved",
+    )
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    settle_ms: float = Field(
+        default=50.0,
+        ge=0,
+        description="pause before each side's round when two sessions alternate: ONNX Runtime's worker threads "
+        "keep spinning after a call, and on few cores they slow the other session's next calls (2.5x for 25-40 ms "
+        "measured here)",
+    )
     memory: Literal["process", "inline"] = Field(
         default="process",
         description="process: peak resident set of serving the stage in a fresh process (comparable across "
@@ -147,8 +167,12 @@ class BenchmarkSettings(Strict):
 
 
 class AccuracyBudget(Strict):
-    metric: Literal["cosine", "max_abs", "top1", "token_agreement"] = "cosine"
-    min: float | None = Field(default=None, description="for cosine and top1: the lowest acceptable value")
+    metric: Literal["cosine", "pooled_cosine", "max_abs", "top1", "token_agreement"] | None = Field(
+        default=None,
+        description="what the budget judges; default by task: token_agreement for generation, top1 for "
+        "sequence-classification, else cosine on the positions the attention mask keeps",
+    )
+    min: float | None = Field(default=None, description="for cosine, top1, agreement: the lowest acceptable value")
     max: float | None = Field(default=None, description="for max_abs: the highest acceptable value")
     output: str | None = Field(default=None, description="output to judge; default: the first")
     samples: int = Field(default=4, ge=1, description="inputs per scenario compared with stage 0")
@@ -222,6 +246,9 @@ def _check_structure(recipe: Recipe, path: str) -> None:
             raise RecipeError(path, f"passes[{i}].from", f"no earlier stage named {spec.from_!r} (known: {known})")
         seen.add(name)
     names = [s.name for s in recipe.scenarios]
+    for i, scen in enumerate(recipe.scenarios):
+        if scen.padding == "longest" and recipe.text is None:
+            raise RecipeError(path, f"scenarios[{i}].padding", "longest needs real text (`text`) to take lengths from")
     if len(set(names)) != len(names):
         raise RecipeError(path, "scenarios", "scenario names must be unique")
     for i, spec in enumerate(recipe.inputs):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer import __version__
+from optimizer.accuracy import recipe_metric
 from optimizer.recipe import Recipe, recipe_dict
 from optimizer.rundir import read_json, write_json, write_text
 from optimizer.stage import StageRecord
@@ -101,6 +102,7 @@ def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
             "threads": target_threads(recipe),
             "benchmark": recipe.benchmark.model_dump(),
             "accuracy": recipe.accuracy.model_dump(),
+            "accuracy_metric": recipe_metric(recipe),  # what the budget judges (the task's default when unset)
         },
         "scenarios": [s.model_dump() for s in recipe.scenarios],
         "stages": stages,
@@ -108,16 +110,27 @@ def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
         "failed_stages": failed,
         "wall_seconds": wall_seconds,
     }
+    report["machine"] = {"calibration": read_json(out_dir / "machine.json")}
     sweep = read_json(out_dir / "batch_sweep.json") if recipe.batch_sweep else None
     if sweep:
         report["batch_sweep"] = sweep["result"]
+    from optimizer.best import best_stage
+
+    best, why = best_stage(report)
+    report["best"] = {"stage": best["name"] if best else None, "why": why}
     report["findings"] = findings(report)
     return report
 
 
 def findings(report: dict[str, Any]) -> list[str]:
     """Plain sentences about what went wrong or backwards: failures, rejections, performance inversions."""
+    from optimizer.machine import busy_sentence, busy_summary, window_busy
+
     out: list[str] = []
+    busy = busy_summary(report["stages"], (report.get("machine") or {}).get("calibration"))
+    if busy:
+        report.setdefault("machine", {})["busy"] = busy
+        out.append(busy_sentence(busy))
     by_name = {st["name"]: st for st in report["stages"]}
     for st in report["stages"]:
         label = f"{st['name']} ({st['type']})"
@@ -131,7 +144,9 @@ def findings(report: dict[str, Any]) -> list[str]:
             out.append(f"{label} is REJECTED: accuracy outside the budget ({m.get('budget')})")
         for scen, sm in (m.get("scenarios") or {}).items():
             cv = (sm.get("latency") or {}).get("cv", 0.0)
-            if cv > UNSTABLE_CV:
+            mixed = (sm.get("inputs") or {}).get("seq_min") != (sm.get("inputs") or {}).get("seq_max")
+            # A busy machine is said once, above; a natural-length mix spreads by design.
+            if cv > UNSTABLE_CV and not window_busy(m.get("machine_load")) and not mixed:
                 out.append(
                     f"{label} on {scen}: timing was unstable (coefficient of variation {cv:.0%}); "
                     "treat its P99 with care, or raise benchmark.rounds / set benchmark.target_ci"
@@ -178,6 +193,53 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def scenario_title(report: dict[str, Any], scen: dict[str, Any]) -> str:
+    """'b1-natural (batch 1, natural lengths 9-61 tokens, median 21, 32 inputs)' or '(batch 1, seq 128)'."""
+    inputs = next(
+        (
+            sm["inputs"]
+            for st in report["stages"]
+            if (sm := ((st.get("metrics") or {}).get("scenarios") or {}).get(scen["name"])) and sm.get("inputs")
+        ),
+        {},
+    )
+    if inputs.get("padding") == "longest":
+        shape = (
+            f"natural lengths {inputs['seq_min']}-{inputs['seq_max']} tokens, median {inputs['seq_median']:g}, "
+            f"{inputs['samples']} inputs timed in turn"
+        )
+    else:
+        shape = f"seq {scen['seq']}" + (f", {inputs['samples']} inputs timed in turn" if inputs.get("samples") else "")
+    return f"{scen['name']} (batch {scen['batch']}, {shape})"
+
+
+def tail_cell(lat: dict[str, Any], key: str = "p99") -> str:
+    """A tail percentile when its 95% interval is bounded by the calls taken, else 'n.r.' (not resolved)."""
+    if not lat:
+        return "-"
+    if f"{key}_ci" in lat and lat[f"{key}_ci"] is None:
+        return "n.r."
+    return _fmt(lat.get(f"{key}_ms"))
+
+
+def tail_note(report: dict[str, Any]) -> str | None:
+    """The footnote for tables with an unresolved P99."""
+    from optimizer.stats import calls_to_resolve
+
+    unresolved = [
+        sm["latency"]["n"]
+        for st in report["stages"]
+        for sm in ((st.get("metrics") or {}).get("scenarios") or {}).values()
+        if "p99_ci" in (sm.get("latency") or {}) and sm["latency"]["p99_ci"] is None
+    ]
+    if not unresolved:
+        return None
+    return (
+        f"P99 n.r.: not resolved. {min(unresolved)}-{max(unresolved)} calls cannot bound a P99 (its 95% interval "
+        f"needs at least {calls_to_resolve(0.99)}); set `benchmark: {{resolve_tail: true}}` to take enough."
+    )
+
+
 def speed_cell(vs: dict[str, Any] | None) -> str:
     """'1.32x' when beyond noise, '~1.01x' when within it."""
     if not vs:
@@ -210,7 +272,7 @@ def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
                 "parent": st.get("parent") or "-",
                 "status": status_cell(st, short=True),
                 "p50": _fmt(lat.get("p50_ms")),
-                "p99": _fmt(lat.get("p99_ms")),
+                "p99": tail_cell(lat),
                 "throughput": _fmt((sm.get("throughput") or {}).get("samples_per_s"), ".1f"),
                 "vs_parent": speed_cell(sm.get("vs_parent")),
                 "vs_source": "-" if vs0 is None else f"{vs0:.2f}x",
@@ -220,7 +282,7 @@ def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
                 "memory_mb": _fmt(m.get("memory_mb"), ".0f"),
                 "ttft": _fmt((sm.get("ttft") or {}).get("p50_ms")),
                 "tpot_p50": _fmt((sm.get("tpot") or {}).get("p50_ms")),
-                "tpot_p99": _fmt((sm.get("tpot") or {}).get("p99_ms")),
+                "tpot_p99": tail_cell(sm.get("tpot") or {}),
                 "tokens_per_s": _fmt((sm.get("throughput") or {}).get("tokens_per_s"), ".1f"),
                 "agreement": "-" if "token_agreement" not in first else f"{first['token_agreement']:.3f}",
                 "cv": "-" if not lat else f"{lat.get('cv', 0):.1%}",
@@ -309,13 +371,18 @@ def to_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     for scen in r["scenarios"]:
-        lines += [f"## Scenario {scen['name']} (batch {scen['batch']}, seq {scen['seq']})", ""]
+        lines += [f"## Scenario {scenario_title(r, scen)}", ""]
         cols = columns(r)
         lines.append("| " + " | ".join(h for _, h in cols) + " |")
         lines.append("|" + "---|" * len(cols))
         for row in stage_rows(r, scen["name"]):
             lines.append("| " + " | ".join(row[k].replace("|", "/") for k, _ in cols) + " |")
         lines.append("")
+    note = tail_note(r)
+    if note:
+        lines += [note, ""]
+    if r.get("best"):
+        lines += [f"**Best stage**: {r['best']['why']}.", ""]
     if len(r["scenarios"]) > 1:
         head, rows = scenario_summary(r)
         lines += (

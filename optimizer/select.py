@@ -74,7 +74,7 @@ def terms(report: dict[str, Any], stage: dict[str, Any], scenario: str) -> dict[
     s, s0 = (m.get("scenarios") or {}).get(scenario), (m0.get("scenarios") or {}).get(scenario)
     if not s or not s0:
         return None
-    metric = report["settings"]["accuracy"].get("metric", "cosine")
+    metric = report["settings"].get("accuracy_metric") or report["settings"]["accuracy"].get("metric") or "cosine"
     tp_key = "tokens_per_s" if "tokens_per_s" in s["throughput"] and "ttft" in s else "samples_per_s"
 
     def footprint(mm: dict[str, Any]) -> float:
@@ -136,6 +136,11 @@ def recommend(report: dict[str, Any], weights: dict[str, float]) -> tuple[str | 
     ]
     if len(ordered) > 1:
         lines.append(f"Next: `{ordered[1][0]}` at {ordered[1][1]:.3f}.")
+    from optimizer.best import best_stage
+
+    fastest, why = best_stage(report)
+    if fastest is not None:
+        lines.append(f"Fastest within budget (what `export --stage best` and the batch sweep take): {why}.")
     for scen, rows in ranking.items():
         r = next(r for r in rows if r["stage"] == best)
         t = r["terms"]

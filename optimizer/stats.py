@@ -7,10 +7,44 @@ alike and the per-round ratios carry it out. The change is called real only when
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+
+def _binom_cdf(n: int, p: float) -> np.ndarray:
+    """P(B <= k) for k = 0..n, B ~ Binomial(n, p), through log-gamma (no scipy needed for one table)."""
+    k = np.arange(n + 1)
+    logpmf = (
+        np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
+        + k * math.log(p)
+        + (n - k) * math.log1p(-p)
+    )
+    return np.cumsum(np.exp(logpmf))
+
+
+def quantile_ci(samples: list[float] | np.ndarray, q: float, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free interval of the q-quantile from order statistics: sorted samples x(l) <= Q_q <= x(u)
+    with probability >= confidence, l and u from the binomial count of samples below Q_q. None when the calls
+    cannot bound it (u would be past the largest sample: a P99 needs about 370 calls)."""
+    a = np.sort(np.asarray(samples, dtype=np.float64))
+    n = a.size
+    if n < 2:
+        return None
+    alpha = (1 - confidence) / 2
+    cdf = _binom_cdf(n, q)
+    lower = int(np.searchsorted(cdf, alpha, side="right"))  # x(lower), 1-based rank lower: P(B < lower) <= alpha
+    upper = int(np.searchsorted(cdf, 1 - alpha, side="left")) + 1  # P(B < upper) >= 1 - alpha
+    if lower < 1 or upper > n:
+        return None
+    return float(a[lower - 1]), float(a[upper - 1])
+
+
+def calls_to_resolve(q: float, confidence: float = 0.95) -> int:
+    """The fewest calls whose q-quantile interval is bounded (the upper rank fits inside the sample)."""
+    return math.ceil(math.log((1 - confidence) / 2) / math.log(q))
 
 
 @dataclass(frozen=True)
@@ -23,6 +57,8 @@ class LatencyStats:
     std_ms: float
     min_ms: float
     cv: float
+    p90_ci: tuple[float, float] | None = None  # 95% interval from order statistics; None: not resolved
+    p99_ci: tuple[float, float] | None = None
 
     @staticmethod
     def of(samples_ms: list[float] | np.ndarray) -> LatencyStats:
@@ -30,7 +66,18 @@ class LatencyStats:
         mean = float(a.mean())
         std = float(a.std(ddof=1)) if a.size > 1 else 0.0
         p50, p90, p99 = (float(x) for x in np.percentile(a, [50, 90, 99]))
-        return LatencyStats(int(a.size), p50, p90, p99, mean, std, float(a.min()), std / mean if mean else 0.0)
+        return LatencyStats(
+            int(a.size),
+            p50,
+            p90,
+            p99,
+            mean,
+            std,
+            float(a.min()),
+            std / mean if mean else 0.0,
+            quantile_ci(a, 0.90),
+            quantile_ci(a, 0.99),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

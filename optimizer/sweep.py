@@ -24,11 +24,12 @@ from optimizer.stats import LatencyStats
 
 
 def pick_stage(recipe: Recipe, records: list[StageRecord]) -> StageRecord | None:
-    """The stage to sweep, chosen as `optimizer export --stage` chooses (bundle.pick_stage), or None."""
+    """The stage to sweep, chosen as `optimizer export --stage` chooses (bundle.pick_stage: for "best" the one
+    rule of optimizer/best.py), or None."""
     from optimizer.bundle import pick_stage as choose
     from optimizer.errors import OptimizerError
 
-    view = {"scenarios": [{"name": recipe.scenarios[0].name}], "stages": [r.to_json() for r in records]}
+    view = {"scenarios": [{"name": s.name} for s in recipe.scenarios], "stages": [r.to_json() for r in records]}
     try:
         chosen = choose(view, recipe.batch_sweep.stage if recipe.batch_sweep else "best")
     except OptimizerError:

@@ -139,7 +139,7 @@ class ExportPass(Pass):
         """Compare ORT (optimizations off) with PyTorch on each scenario's timing input."""
         import torch
 
-        from optimizer.accuracy import AccuracyMeter
+        from optimizer.accuracy import compare, mask_of
         from optimizer.runners.ort_runner import OrtRunner
 
         names = artifact.meta["output_names"]
@@ -148,10 +148,10 @@ class ExportPass(Pass):
             for sf in ctx.feeds:
                 with torch.inference_mode():
                     ref = [t.numpy() for t in module(*(torch.from_numpy(sf.timing[n]) for n in ctx.feeds.input_names))]
-                meter = AccuracyMeter(names)
-                meter.add(ref, session.to_numpy(session.run(session.prepare(sf.timing))))
+                got = session.to_numpy(session.run(session.prepare(sf.timing)))
+                meter = compare(ref, got, names, mask_of(sf.timing))
                 result[sf.scenario.name] = meter.to_json()
-                worst = min(a.cosine for a in meter.per_output.values())
+                worst = meter.worst_cosine()
                 if worst < min_cosine:
                     raise PassError(
                         ctx.stage_name,

@@ -61,7 +61,7 @@ def build(recipe, out: Path) -> dict[str, Artifact]:  # type: ignore[no-untyped-
 
 
 def compare(recipe, artifacts: dict[str, Artifact], rounds: int, iterations: int) -> None:  # type: ignore[no-untyped-def]
-    feeds = build_feeds(recipe, 1)
+    feeds = build_feeds(recipe, 1, per_scenario=False)
     sessions = {v: OrtRunner(a, recipe).load().__enter__() for v, a in artifacts.items()}
     for sf in feeds:
         prepared = {v: s.prepare(sf.timing) for v, s in sessions.items()}

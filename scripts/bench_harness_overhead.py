@@ -35,7 +35,7 @@ def main() -> None:
     if not model.is_file():
         raise SystemExit(f"{model}: no such model; run `optimizer compile {args.recipe}` first")
     recipe = load_recipe(args.recipe)
-    feeds = build_feeds(recipe, 1)
+    feeds = build_feeds(recipe, 1, per_scenario=False)
     artifact = Artifact("onnx", model, {"graph_optimization_level": args.level})
     with OrtRunner(artifact, recipe).load() as session:
         raw = session.session  # the very same InferenceSession, called directly

@@ -11,7 +11,7 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
 
 # memory: inline keeps the many small compiles in the tests fast; test_pipeline checks the fresh-process probe.
-FAST_BENCH = {"warmup": 2, "rounds": 4, "iterations": 3, "memory": "inline"}
+FAST_BENCH = {"warmup": 2, "rounds": 4, "iterations": 3, "memory": "inline", "settle_ms": 5}
 
 
 def mlp_recipe(**overrides: Any) -> dict[str, Any]:

@@ -46,7 +46,10 @@ class TorchSession(Session):
         return tensors
 
     def _capture(self, tensors: list[Any]) -> Any:
-        """Warm up on a side stream, capture once per shape; replaying needs the same (static) input buffers."""
+        """Warm up on a side stream, capture once per shape. A graph replays from the buffers it was captured with,
+        so each prepared feed keeps its own tensors and `run` copies them into the shape's static inputs first
+        (a device-to-device copy, as a server feeding a captured graph does); without it a second feed of a
+        captured shape would replay the first feed's inputs."""
         import torch
 
         key = tuple(tuple(t.shape) for t in tensors)
@@ -61,7 +64,7 @@ class TorchSession(Session):
             with torch.cuda.graph(graph), torch.inference_mode():
                 outputs = self.module(*tensors)
             self._graphs[key] = (graph, tensors, outputs)
-        return ("graph", key)
+        return ("graph", key, tensors)
 
     def run(self, prepared: Any) -> Any:
         import torch
@@ -71,7 +74,10 @@ class TorchSession(Session):
                 self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             self._events[0].record()
         if isinstance(prepared, tuple) and prepared and prepared[0] == "graph":
-            graph, _, outputs = self._graphs[prepared[1]]
+            graph, static, outputs = self._graphs[prepared[1]]
+            for buffer, value in zip(static, prepared[2], strict=True):
+                if buffer is not value:
+                    buffer.copy_(value)
             graph.replay()
         else:
             with torch.inference_mode():

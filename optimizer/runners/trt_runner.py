@@ -68,7 +68,10 @@ class TrtSession(Session):
     def run(self, prepared: Any) -> Any:
         self._events[0].record(self.stream)
         if prepared["graph"] is not None:
-            prepared["graph"].replay()
+            # replay() launches on the current stream: make it the stream the events and the sync are on, or
+            # run() returns before the work ends and the GPU time reads about zero.
+            with self.torch.cuda.stream(self.stream):
+                prepared["graph"].replay()
         else:
             self._bind(prepared["inputs"], prepared["outputs"])
             if not self.context.execute_async_v3(self.stream.cuda_stream):

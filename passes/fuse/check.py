@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.accuracy import AccuracyMeter
+from optimizer.accuracy import AccuracyMeter, mask_of
 from optimizer.artifact import Artifact
 from optimizer.pass_base import PassContext
 from optimizer.runners.ort_runner import OrtRunner
@@ -20,5 +20,5 @@ def compare_graphs(before: Artifact, after: Artifact, ctx: PassContext) -> dict[
         for sf in ctx.feeds:
             for feed in sf.samples:
                 expected = ref.to_numpy(ref.run(ref.prepare(feed)))
-                meter.add(expected, new.to_numpy(new.run(new.prepare(feed))))
+                meter.add(expected, new.to_numpy(new.run(new.prepare(feed))), mask_of(feed))
     return {name: {"cosine": a.cosine, "max_abs": a.max_abs} for name, a in meter.per_output.items()}

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from optimizer.accuracy import recipe_metric
 from optimizer.artifact import Artifact
 from optimizer.errors import PassError
 from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
@@ -28,6 +29,12 @@ class Calibration(PassConfig):
 class HybridSettings(PassConfig):
     min_cosine: float | None = Field(default=None, description="default: the recipe's accuracy budget (cosine)")
     margin: float = Field(default=0.003, ge=0, description="head-room kept on the search inputs")
+    choose: Literal["fastest", "most_int8"] = Field(
+        default="fastest",
+        description="fastest: time a ladder of INT8 sets against FP32 with the harness and keep the fewest INT8 "
+        "nodes within speed_tolerance of the fastest; most_int8: the largest set within budget, untimed",
+    )
+    speed_tolerance: float = Field(default=0.03, ge=0, lt=1, description="speed given up for fewer INT8 nodes")
 
 
 class QuantizeConfig(PassConfig):
@@ -48,7 +55,7 @@ class QuantizePass(Pass):
     summary = "INT8 (dynamic, static QDQ), FP16, and hybrid INT8/FP32 chosen per node under the accuracy budget"
     Config = QuantizeConfig
     consumes = frozenset({"onnx"})
-    version = 2  # 2: generation graphs share one weights file
+    version = 3  # 2: generation graphs share one weights file; 3: hybrid judged on kept positions, timed by the harness
     requires = ("onnxruntime",)
     handles_generation = True
 
@@ -176,25 +183,35 @@ class QuantizePass(Pass):
 
     def _hybrid(self, src, dst, artifact, ctx, cfg, progress) -> dict[str, object]:  # type: ignore[no-untyped-def]
         from optimizer import onnx_io
-        from optimizer.threads import target_threads
         from passes.quantize import hybrid, modes
         from passes.quantize.calibration import calibration_feeds
 
         budget = cfg.hybrid.min_cosine
+        metric = recipe_metric(ctx.recipe)
+        if metric not in ("cosine", "pooled_cosine"):
+            metric = "cosine"
         if budget is None:
             acc = ctx.recipe.accuracy
-            budget = acc.min if acc.metric == "cosine" and acc.min is not None else 0.99
+            budget = acc.min if recipe_metric(ctx.recipe) in ("cosine", "pooled_cosine") and acc.min else 0.99
         feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, progress)
+        # Candidates are timed on the first scenario's calibration inputs (the shape "best" leads with).
+        n_scen = len(ctx.recipe.scenarios)
+        timing_feeds = [f for i, f in enumerate(feeds) if i % n_scen == 0]
         graph_only = onnx_io.load(src, with_weights=False)
         scopes = onnx_io.node_scopes(graph_only)
         nodes = [n for n in modes.quantizable_nodes(graph_only, cfg.op_types) if n not in cfg.exclude_nodes]
-        evaluator = hybrid.Evaluator(
-            src, feeds, ctx.recipe.accuracy.output, artifact.runtime, target_threads(ctx.recipe)
+        evaluator = hybrid.Evaluator(src, feeds, timing_feeds, ctx.recipe, artifact.runtime, metric)
+        state = hybrid.Search(
+            budget=budget,
+            margin=cfg.hybrid.margin,
+            choose=cfg.hybrid.choose,
+            speed_tolerance=cfg.hybrid.speed_tolerance,
         )
-        state = hybrid.Search(budget=budget, margin=cfg.hybrid.margin)
         work = ctx.stage_dir / "search"
         work.mkdir()
-        chosen = hybrid.search(src, work, nodes, evaluator, state, cfg.per_channel, cfg.op_types, progress)
+        chosen = hybrid.search(
+            src, work, nodes, evaluator, state, cfg.per_channel, cfg.op_types, progress, ctx.recipe.benchmark
+        )
         if chosen:
             shutil.copyfile(work / "chosen.onnx", dst)
         else:
@@ -213,11 +230,19 @@ class QuantizePass(Pass):
             key=lambda r: -r["sensitivity"],
         )
         (ctx.stage_dir / "sensitivity.json").write_text(json.dumps(table, indent=1))
-        (ctx.stage_dir / "hybrid_search.json").write_text(json.dumps(state.points, indent=1))
+        search_record = {
+            "metric": f"{metric} on kept positions, worst calibration sample",
+            "budget": budget,
+            "margin": cfg.hybrid.margin,
+            "accuracy_points": state.points,
+            "timings": state.timings,  # each set vs the FP32 input, interleaved: speedup, 95% interval, P50s
+            "decision": state.decision,
+        }
+        (ctx.stage_dir / "hybrid_search.json").write_text(json.dumps(search_record, indent=1))
         verdict = (
-            f"{len(chosen)} of {len(nodes)} nodes INT8, the rest FP32"
+            f"{len(chosen)} of {len(nodes)} nodes INT8, the rest FP32 ({state.decision})"
             if chosen
-            else f"no INT8 set met cosine >= {budget} + margin {cfg.hybrid.margin}: every node kept in FP32"
+            else f"no INT8 set met {metric} >= {budget} + margin {cfg.hybrid.margin}: every node kept in FP32"
         )
         return {
             "budget_cosine": budget,
@@ -228,5 +253,6 @@ class QuantizePass(Pass):
             "fp32_nodes": [n for n in nodes if n not in chosen],
             "most_sensitive": table[:5],
             "search_points": state.points,
+            "timings": state.timings,
             "files": ["sensitivity.json", "hybrid_search.json"],
         }

@@ -30,7 +30,7 @@ def calibration_feeds(
     if recipe.text:
         sentences = read_sentences(recipe)
         tokenizer = _tokenizer(recipe)
-        held_out = sum(sf.batch * recipe.accuracy.samples for sf in recipe.scenarios)
+        held_out = sum(sf.batch * (sf.samples or recipe.accuracy.samples) for sf in recipe.scenarios)
         pool = sentences[::-1]
         used = sum(scenarios[i % len(scenarios)].batch for i in range(count))
         info["source"] = "text (from the end of the file)"
@@ -40,7 +40,9 @@ def calibration_feeds(
             scenario = scenarios[i % len(scenarios)]
             batch = [pool[(cursor + j) % len(pool)] for j in range(scenario.batch)]
             cursor += scenario.batch
-            enc = tokenizer(batch, padding="max_length", truncation=True, max_length=scenario.seq, return_tensors="np")
+            enc = tokenizer(
+                batch, padding=scenario.padding, truncation=True, max_length=scenario.seq, return_tensors="np"
+            )
             wanted = names or list(enc.keys())
             feed = {n: np.asarray(enc[n]).astype(np.int64) for n in wanted if n in enc}
             for spec in recipe.inputs:

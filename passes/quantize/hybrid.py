@@ -1,17 +1,23 @@
 """Hybrid precision: INT8 where it is harmless, high precision where it is not, under an accuracy budget.
 
-Sensitivity of node n = 1 - cosine(output of the input graph, output with only n quantized to INT8), on the
-calibration inputs (never on the inputs the stage is judged on). Nodes are then quantized least sensitive
-first: the search finds the largest k for which quantizing the k least sensitive nodes keeps the cosine at or
-above the budget plus a margin (bisection, each step a real quantized model), then also times k and a few
-smaller sets, because more INT8 is not always faster (each quantized op adds quantize/dequantize work), and
-keeps the fastest set within budget. Every point tried (k, cosine, latency) is saved, so the trade-off can be
-seen. When no set meets the budget, the stage keeps every node in the input's precision and says so.
-The high-precision side is FP32 on the CPU, where FP16 is slower than FP32.
+Accuracy: sensitivity of node n = 1 - cosine(output of the input graph, output with only n quantized to INT8) on
+the calibration inputs (never on the inputs the stage is judged on), through the one accuracy implementation
+(optimizer/accuracy.py): positions the attention mask drops are not compared, so no node is kept in FP32 to
+protect padding. Nodes are quantized least sensitive first; bisection finds the largest k whose quantized model
+keeps the judged cosine at or above the budget plus a margin (each step a real quantized model).
+
+Speed: more INT8 is not always faster (each quantized op adds quantize/dequantize work), so a ladder of sets up
+to that k is timed with the harness (optimizer/benchmark.py), each interleaved with the FP32 input graph, giving
+a speedup with its 95% interval. The chosen set is the smallest one whose speed is within `speed_tolerance` of
+the fastest at 95% confidence: INT8 nodes stop being added when what they buy is within noise. Every point
+(k, cosines, speedup and its interval, P50s) is saved in hybrid_search.json. With `choose: most_int8` the
+timing is skipped and the largest set within budget is kept. When no set meets the budget, the stage keeps every
+node in the input's precision and says so. The high-precision side is FP32 on the CPU, where FP16 is slower.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.benchmark import time_calls
-from optimizer.runners.ort_runner import session_options
+from optimizer.accuracy import compare, mask_of
+from optimizer.artifact import Artifact
+from optimizer.benchmark import Timed, measure
+from optimizer.recipe import BenchmarkSettings, Recipe
+from optimizer.runners.ort_runner import OrtRunner
+from optimizer.stats import LatencyStats, speedup
 from passes.quantize.modes import int8_dynamic
 
 
@@ -28,50 +38,91 @@ from passes.quantize.modes import int8_dynamic
 class Search:
     budget: float
     margin: float
+    choose: str = "fastest"
+    speed_tolerance: float = 0.03
     sensitivity: dict[str, float] = field(default_factory=dict)
     points: list[dict[str, Any]] = field(default_factory=list)
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    decision: str = ""
 
 
 class Evaluator:
-    """Runs candidate models on the search inputs and compares the judged output with the reference."""
+    """Runs candidate models on the search inputs, compares the judged output with the input graph's (kept
+    positions only), and times candidates against the input graph with the harness."""
 
     def __init__(
-        self, src: Path, feeds: list[dict[str, np.ndarray]], output: str | None, runtime: dict[str, Any], threads: int
+        self,
+        src: Path,
+        feeds: list[dict[str, np.ndarray]],
+        timing_feeds: list[dict[str, np.ndarray]],
+        recipe: Recipe,
+        runtime: dict[str, Any],
+        metric: str = "cosine",
     ) -> None:
-        self.feeds, self.runtime, self.threads = feeds, runtime, threads
-        session = self._session(src)
-        names = [o.name for o in session.get_outputs()]
-        self.index = names.index(output) if output in names else 0
-        self.reference = [session.run(None, self._feed(session, f))[self.index] for f in feeds]
+        self.src, self.feeds, self.timing_feeds = src, feeds, timing_feeds
+        self.recipe, self.runtime, self.metric = recipe, runtime, metric
+        with self._load(src) as session:
+            names = session.output_names
+            self.names = names
+            output = recipe.accuracy.output
+            self.index = names.index(output) if output in names else 0
+            self.reference = [session.to_numpy(session.run(session.prepare(f))) for f in feeds]
 
-    def _session(self, path: Path) -> Any:
-        import onnxruntime as ort
+    def _load(self, path: Path) -> Any:
+        return OrtRunner(Artifact("onnx", path, dict(self.runtime), {}), self.recipe, device="cpu").load()
 
-        so = session_options(self.runtime, self.threads)
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    def accuracy(self, path: Path) -> dict[str, float]:
+        """The judged output's worst and mean per-sample cosine (or pooled cosine) over the search inputs."""
+        worst, values = 1.0, []
+        with self._load(path) as session:
+            for ref, f in zip(self.reference, self.feeds, strict=True):
+                got = session.to_numpy(session.run(session.prepare(f)))
+                name = self.names[self.index]
+                acc = compare([ref[self.index]], [got[self.index]], [name], mask_of(f)).to_json()[name]
+                value = acc.get(self.metric, acc["cosine"]) if acc.get("nonfinite", 0) == 0 else 0.0
+                mean = acc.get(f"{self.metric}_mean", value) if value > 0 else 0.0
+                worst = min(worst, value)
+                values.append(mean)
+        return {"cosine": worst, "cosine_mean": float(np.mean(values)) if values else 1.0}
 
-    @staticmethod
-    def _feed(session: Any, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {i.name: feed[i.name] for i in session.get_inputs()}
+    def cosine(self, path: Path) -> float:
+        return self.accuracy(path)["cosine"]
 
-    def cosine(self, path: Path, timed: bool = False) -> tuple[float, float | None]:
-        session = self._session(path)
-        worst = 1.0
-        for ref, f in zip(self.reference, self.feeds, strict=True):
-            got = session.run(None, self._feed(session, f))[self.index]
-            a, b = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
-            worst = min(worst, float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30)))
-        latency = None
-        if timed:
+    def speed(self, path: Path, settings: BenchmarkSettings) -> dict[str, Any]:
+        """The candidate timed interleaved with the input graph (the harness's measure): its speedup over the
+        input with the 95% interval, and both P50s."""
+        with self._load(self.src) as parent_session, self._load(path) as child_session:
+            parent = Timed(parent_session, [parent_session.prepare(f) for f in self.timing_feeds])
+            child = Timed(child_session, [child_session.prepare(f) for f in self.timing_feeds])
+            measure(child, parent, settings)
+        s = speedup(parent.rounds, child.rounds, settings.confidence)
+        return {
+            "speedup": s.ratio,
+            "low": s.low,
+            "high": s.high,
+            "verdict": s.verdict,
+            "p50_ms": LatencyStats.of(child.samples()).p50_ms,
+            "input_p50_ms": LatencyStats.of(parent.samples()).p50_ms,
+            "rounds": len(child.rounds),
+            "calls": len(child.samples()),
+        }
 
-            class _S:  # the harness's timing loop over a bare ORT session
-                def run(self, prepared: Any) -> Any:
-                    return session.run(None, prepared)
 
-            feed = self._feed(session, self.feeds[0])
-            time_calls(_S(), feed, 3)  # type: ignore[arg-type]
-            latency = float(np.median(time_calls(_S(), feed, 15)))  # type: ignore[arg-type]
-        return worst, latency
+def _log_sigma(t: dict[str, Any]) -> float:
+    return (math.log(t["high"]) - math.log(t["low"])) / (2 * 1.96)
+
+
+def relative_low(candidate: dict[str, Any], best: dict[str, Any]) -> float:
+    """Lower end of the 95% interval of candidate speed / best speed, from their two measurements against the
+    same input graph (independent sessions: variances add in log space)."""
+    mu = math.log(candidate["speedup"]) - math.log(best["speedup"])
+    sigma = math.sqrt(_log_sigma(candidate) ** 2 + _log_sigma(best) ** 2)
+    return math.exp(mu - 1.96 * sigma)
+
+
+def ladder(lo: int) -> list[int]:
+    """The INT8 set sizes timed: quarters of the largest set within budget, ascending."""
+    return sorted({max(1, round(lo * f)) for f in (0.25, 0.5, 0.75)} | {lo})
 
 
 def search(
@@ -79,47 +130,81 @@ def search(
     work: Path,
     nodes: list[str],
     evaluator: Evaluator,
-    search_state: Search,
+    state: Search,
     per_channel: bool,
     ops: list[str],
     progress: Any,
+    settings: BenchmarkSettings | None = None,
 ) -> list[str]:
-    """The INT8 node set chosen (possibly empty); fills search_state."""
+    """The INT8 node set chosen (possibly empty); fills state."""
     total = len(nodes)
     for i, node in enumerate(nodes):
         path = work / "single.onnx"
         int8_dynamic(src, path, per_channel, ops, [node], [])
-        cos, _ = evaluator.cosine(path)
-        search_state.sensitivity[node] = 1.0 - cos
+        state.sensitivity[node] = 1.0 - evaluator.cosine(path)
         progress("sensitivity per node", i + 1, total)
-    order = sorted(nodes, key=lambda n: search_state.sensitivity[n])
-    target = search_state.budget + search_state.margin
-    tried: dict[int, tuple[float, float | None]] = {}
+    order = sorted(nodes, key=lambda n: state.sensitivity[n])
+    target = state.budget + state.margin
+    tried: dict[int, dict[str, float]] = {}
 
-    def point(k: int) -> tuple[float, float | None]:
-        if k not in tried:
-            path = work / f"k{k}.onnx"
+    def build(k: int) -> Path:
+        path = work / f"k{k}.onnx"
+        if not path.exists():
             int8_dynamic(src, path, per_channel, ops, order[:k], [])
-            tried[k] = evaluator.cosine(path, timed=True)
-            search_state.points.append({"int8_nodes": k, "cosine": tried[k][0], "latency_ms": tried[k][1]})
+        return path
+
+    def point(k: int) -> float:
+        if k not in tried:
+            tried[k] = evaluator.accuracy(build(k))
+            state.points.append({"int8_nodes": k, **tried[k]})
             progress("searching INT8 sets", len(tried), len(tried) + 3)
-        return tried[k]
+        return tried[k]["cosine"]
 
     lo, hi = 0, total  # invariant: lo meets the target (0 = nothing quantized), hi unknown
-    if point(total)[0] >= target:
+    if point(total) >= target:
         lo = total
     else:
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if point(mid)[0] >= target:
+            if point(mid) >= target:
                 lo = mid
             else:
                 hi = mid
     if lo == 0:
+        state.decision = f"no INT8 set met {evaluator.metric} >= {state.budget} + margin {state.margin}"
         return []
-    for k in {max(1, lo - step) for step in (total // 8, total // 4)}:
-        point(k)
-    ok = [(lat, k) for k, (cos, lat) in tried.items() if cos >= target and lat is not None]
-    best_k = min(ok)[1] if ok else lo
-    shutil.copyfile(work / f"k{best_k}.onnx", work / "chosen.onnx")
-    return order[:best_k]
+    chosen = lo
+    if state.choose == "fastest" and settings is not None:
+        chosen = _choose_by_speed(lo, build, point, evaluator, state, settings, progress)
+    else:
+        state.decision = f"the largest set within budget ({lo} nodes; choose: {state.choose})"
+    shutil.copyfile(build(chosen), work / "chosen.onnx")
+    return order[:chosen]
+
+
+def _choose_by_speed(
+    lo: int, build: Any, point: Any, evaluator: Evaluator, state: Search, settings: BenchmarkSettings, progress: Any
+) -> int:
+    sizes = ladder(lo)
+    timed: dict[int, dict[str, Any]] = {}
+    for i, k in enumerate(sizes):
+        point(k)  # every timed set is also within the budget (smaller sets than lo are, by sensitivity order)
+        timed[k] = {"int8_nodes": k, **evaluator.speed(build(k), settings)}
+        state.timings.append(timed[k])
+        progress("timing INT8 sets against FP32", i + 1, len(sizes))
+    fastest = max(timed.values(), key=lambda t: t["speedup"])
+    for k in sizes:  # ascending: the fewest INT8 nodes whose speed is that of the fastest set, within noise
+        t = timed[k]
+        t["vs_fastest_low"] = 1.0 if t is fastest else relative_low(t, fastest)
+        if t is fastest or t["vs_fastest_low"] >= 1 - state.speed_tolerance:
+            state.decision = (
+                f"{k} INT8 nodes: {t['speedup']:.2f}x the FP32 input ({t['low']:.2f}-{t['high']:.2f}); the fastest "
+                f"set timed ({fastest['int8_nodes']} nodes, {fastest['speedup']:.2f}x) is at most "
+                f"{state.speed_tolerance:.0%} faster at 95% confidence"
+                if t is not fastest
+                else f"{k} INT8 nodes: the fastest set timed, {t['speedup']:.2f}x the FP32 input "
+                f"({t['low']:.2f}-{t['high']:.2f}); fewer INT8 nodes were slower beyond "
+                f"{state.speed_tolerance:.0%}"
+            )
+            return k
+    return int(fastest["int8_nodes"])  # pragma: no cover - the fastest always qualifies

