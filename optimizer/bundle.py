@@ -20,17 +20,38 @@ from optimizer.errors import OptimizerError
 
 MANIFEST = "manifest.json"
 REFERENCE = "reference.npz"
-ONNX_TYPES = {1: "float32", 10: "float16", 7: "int64", 6: "int32", 9: "bool", 11: "float64", 3: "int8", 2: "uint8"}
+# Triton's data types by ONNX TensorProto type name (Triton's model_config.proto DataType); FLOAT8 and other
+# types Triton has no name for are refused with the tensor named, never mapped to FP32.
 TRITON_TYPES = {
-    "float32": "TYPE_FP32",
-    "float16": "TYPE_FP16",
-    "int64": "TYPE_INT64",
-    "int32": "TYPE_INT32",
-    "bool": "TYPE_BOOL",
-    "float64": "TYPE_FP64",
-    "int8": "TYPE_INT8",
-    "uint8": "TYPE_UINT8",
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FLOAT16": "TYPE_FP16",
+    "FLOAT": "TYPE_FP32",
+    "DOUBLE": "TYPE_FP64",
+    "STRING": "TYPE_STRING",
+    "BFLOAT16": "TYPE_BF16",
 }
+# Triton's onnxruntime backend numbers graph levels its own way: -1 basic, 1 basic + extended, 2 all disabled;
+# without the field ORT's default applies (all on). See the backend's README, "Model Config Options".
+TRITON_GRAPH_LEVEL = {"disable_all": 2, "basic": -1, "extended": 1, "all": None}
+
+
+def onnx_dtype(elem_type: int) -> tuple[str, str]:
+    """(numpy dtype name or the ONNX name when numpy has none, ONNX TensorProto type name), from onnx's tables."""
+    from onnx import TensorProto, helper
+
+    onnx_name = TensorProto.DataType.Name(elem_type)
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(elem_type)), onnx_name
+    except (KeyError, ValueError, TypeError):
+        return onnx_name.lower(), onnx_name
 
 
 def pick_stage(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -63,7 +84,8 @@ def _io(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     def describe(v: Any) -> dict[str, Any]:
         t = v.type.tensor_type
         dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in t.shape.dim]
-        return {"name": v.name, "dtype": ONNX_TYPES.get(t.elem_type, str(t.elem_type)), "shape": dims}
+        dtype, onnx_type = onnx_dtype(t.elem_type)
+        return {"name": v.name, "dtype": dtype, "onnx_type": onnx_type, "shape": dims}
 
     return [describe(v) for v in model.graph.input if v.name not in inits], [describe(v) for v in model.graph.output]
 
@@ -94,7 +116,7 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
             f"--format tensorrt: stage {stage['name']!r} is {artifact.kind}, not a TensorRT engine "
             "(this run has no tensorrt stage)"
         )
-    if artifact.kind != "onnx" or artifact.path is None:
+    if fmt != "tensorrt" and (artifact.kind != "onnx" or artifact.path is None):
         raise OptimizerError(f"--stage: {stage['name']!r} is a {artifact.kind} artifact; export takes ONNX stages")
     if out.exists() and any(out.iterdir()):
         raise OptimizerError(f"--out: {out} exists and is not empty")
@@ -105,7 +127,9 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
         model_name = report["recipe"]["name"].replace("-", "_")
         root = staging / model_name if fmt == "triton" else staging
         root.mkdir(parents=True, exist_ok=True)
-        if artifact.meta.get("decode"):
+        if fmt == "tensorrt":
+            specific = _engine_bundle(report, stage, artifact, root)
+        elif artifact.meta.get("decode"):
             from optimizer.bundle_gen import export_generation_bundle
 
             specific = export_generation_bundle(report, stage, artifact, fmt, root)
@@ -136,6 +160,7 @@ def _forward_bundle(
         shutil.copyfile(f, model_dir / ("model.onnx" if f == artifact.path else f.name))
     recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
     arrays: dict[str, np.ndarray] = {}
+    feeds, results = [], []
     bundled = Artifact("onnx", model_dir / "model.onnx", artifact.runtime, artifact.meta)
     with OrtRunner(bundled, recipe).load() as session:
         for sf in build_feeds(recipe, 1, per_scenario=False):
@@ -144,7 +169,10 @@ def _forward_bundle(
             arrays.update(
                 {f"{sf.scenario.name}/out/{n}": o for n, o in zip(session.output_names, outputs, strict=True)}
             )
+            feeds.append({k: sf.timing[k] for k in session.input_names})
+            results.append(dict(zip(session.output_names, outputs, strict=True)))
     np.savez(root / REFERENCE, **arrays)
+    _polygraphy_reference(root, feeds, results)
     inputs, outputs = _io(model_dir / "model.onnx")
     if fmt == "triton":
         (root / "config.pbtxt").write_text(triton_config(model_name, inputs, outputs, report, artifact.runtime))
@@ -153,6 +181,65 @@ def _forward_bundle(
         "inputs": inputs,
         "outputs": outputs,
         "tolerance": {"min_cosine": 0.9999, "max_abs_relative": 1e-3},
+    }
+
+
+POLYGRAPHY_INPUTS, POLYGRAPHY_OUTPUTS = "polygraphy_inputs.json", "polygraphy_outputs.json"
+
+
+def _polygraphy_reference(root: Path, feeds: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]]) -> None:
+    """The reference in Polygraphy's own formats (a list of feed dicts; RunResults), so a bundle can be checked
+    without this tool: `polygraphy run model.onnx --onnxrt --load-inputs polygraphy_inputs.json
+    --load-outputs polygraphy_outputs.json` (or `--trt` with an engine). Checking only: timing stays ours."""
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import save_json
+
+    save_json(feeds, str(root / POLYGRAPHY_INPUTS), description="optimizer bundle reference inputs")
+    results = RunResults()
+    results.add(outputs, runner_name="optimizer-reference")
+    results.save(str(root / POLYGRAPHY_OUTPUTS))
+
+
+def _engine_bundle(report: dict[str, Any], stage: dict[str, Any], artifact: Artifact, root: Path) -> dict[str, Any]:
+    """A TensorRT engine (model.plan, tied to its GPU and TensorRT version), its engine.json, and as reference
+    the first input of each scenario with stage 0's outputs on it: an engine cannot be run without its GPU, so
+    the expected outputs are the reference the stage was judged against, and the tolerance is what it scored."""
+    from optimizer.inputs import build_feeds
+    from optimizer.recipe import parse_recipe
+
+    assert artifact.path is not None
+    shutil.copyfile(artifact.path, root / "model.plan")
+    meta_file = artifact.path.parent / "engine.json"
+    if meta_file.is_file():
+        shutil.copyfile(meta_file, root / "engine.json")
+    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
+    names = report["stages"][0]["artifact"]["meta"].get("output_names") or []
+    ref_path = Path(report["run_dir"]) / report["stages"][0]["folder"] / "reference.npz"
+    if not ref_path.is_file():
+        raise OptimizerError(f"--format tensorrt: {ref_path} (stage 0's outputs, the reference) is missing")
+    arrays: dict[str, np.ndarray] = {}
+    feeds, results = [], []
+    with np.load(ref_path) as ref:
+        for sf in build_feeds(recipe, 1, per_scenario=False):
+            scen = sf.scenario.name
+            arrays.update({f"{scen}/in/{k}": v for k, v in sf.timing.items()})
+            for j, name in enumerate(names):
+                arrays[f"{scen}/out/{name}"] = ref[f"{scen}|0|{j}"]
+            feeds.append(dict(sf.timing))
+            results.append({name: ref[f"{scen}|0|{j}"] for j, name in enumerate(names)})
+    np.savez(root / REFERENCE, **arrays)
+    _polygraphy_reference(root, feeds, results)
+    accuracy = (stage.get("metrics") or {}).get("accuracy") or {}
+    worst = min((a.get("cosine", 1.0) for a in accuracy.values()), default=1.0)
+    feed = build_feeds(recipe, 1, per_scenario=False)
+    first = next(iter(feed)).timing
+    return {
+        "model": "model.plan",
+        "inputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in first.items()],
+        "outputs": [{"name": n} for n in names],
+        "engine": artifact.meta.get("engine") or {},
+        # Outputs are stage 0's: the engine must come as close as it did when it was measured.
+        "tolerance": {"min_cosine": round(max(worst - 1e-3, 0.0), 6), "against": "stage 0", "max_abs_relative": None},
     }
 
 
@@ -211,21 +298,31 @@ def triton_config(
     def tensor(t: dict[str, Any]) -> str:
         dims = t["shape"][1:] if batched else t["shape"]
         dims_txt = ", ".join(str(d) if isinstance(d, int) else "-1" for d in dims)
-        return (
-            f'  {{\n    name: "{t["name"]}"\n    data_type: {TRITON_TYPES.get(t["dtype"], "TYPE_FP32")}\n'
-            f"    dims: [ {dims_txt} ]\n  }}"
-        )
+        kind = t.get("onnx_type") or t["dtype"].upper()
+        if kind not in TRITON_TYPES:
+            raise OptimizerError(f"--format triton: tensor {t['name']!r} has type {kind}, which Triton has no type for")
+        return f'  {{\n    name: "{t["name"]}"\n    data_type: {TRITON_TYPES[kind]}\n    dims: [ {dims_txt} ]\n  }}'
 
-    level = {"disable_all": -1, "basic": 1, "extended": 1, "all": 1}.get(runtime.get("graph_optimization_level", "all"))
+    level = TRITON_GRAPH_LEVEL[runtime.get("graph_optimization_level", "disable_all")]
+    gpu = report["settings"].get("device") == "cuda"
+
+    def param(key: str, value: object) -> str:
+        return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+
     lines = [
         f'name: "{name}"',
         'platform: "onnxruntime_onnx"',
         f"max_batch_size: {max_batch}",
         "input [\n" + ",\n".join(tensor(t) for t in inputs) + "\n]",
         "output [\n" + ",\n".join(tensor(t) for t in outputs) + "\n]",
-        f"optimization {{ graph {{ level: {level} }} }}",
-        "instance_group [ { count: 1, kind: KIND_CPU } ]",
+        f"instance_group [ {{ count: 1, kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]",
+        # Served as it was measured: the benchmarked threads and execution mode, not the backend's defaults.
+        param("intra_op_thread_count", report["settings"]["threads"]),
+        param("inter_op_thread_count", int(runtime.get("inter_op_threads", 1))),
+        param("execution_mode", 1 if runtime.get("execution_mode") == "parallel" else 0),
     ]
+    if level is not None:
+        lines.append(f"optimization {{ graph {{ level: {level} }} }}")
     if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/sweep.py)
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 100 }}")
     return "\n".join(lines) + "\n"
@@ -252,6 +349,8 @@ def verify_bundle(root: Path) -> list[str]:
         from optimizer.bundle_gen import verify_generation
 
         return verify_generation(root, manifest)
+    if manifest["format"] == "tensorrt":
+        return _verify_engine(root, manifest)
     session = _session(root, manifest)
     names = [o.name for o in session.get_outputs()]
     tol = manifest["tolerance"]
@@ -270,6 +369,39 @@ def verify_bundle(root: Path) -> list[str]:
                         f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
                         f"outside the tolerance {tol}"
                     )
+    return problems
+
+
+def unchecked_reason(root: Path) -> str | None:
+    """Why verify could not run a bundle's model here (a TensorRT engine without TensorRT or a GPU), or None."""
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file() or json.loads(manifest_path.read_text()).get("format") != "tensorrt":
+        return None
+    from optimizer.gpu import tensorrt_reason
+
+    return tensorrt_reason()
+
+
+def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The engine's outputs on the reference inputs against stage 0's, within the recorded cosine; skipped (and
+    said by the CLI) where TensorRT or a GPU is missing."""
+    if unchecked_reason(root) is not None:
+        return []
+    from optimizer.accuracy import compare, mask_of
+    from optimizer.runners.trt_runner import TrtRunner
+
+    names = [o["name"] for o in manifest["outputs"]]
+    problems = []
+    artifact = Artifact("trt_engine", root / manifest["model"], {"cuda_graph": False}, {})
+    with TrtRunner(artifact, None).load() as session, np.load(root / REFERENCE) as ref:
+        for scen in sorted({k.split("/")[0] for k in ref.files}):
+            feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
+            got = session.to_numpy(session.run(session.prepare(feed)))
+            meter = compare([ref[f"{scen}/out/{n}"] for n in names], got, names, mask_of(feed))
+            if meter.worst_cosine() < manifest["tolerance"]["min_cosine"]:
+                problems.append(
+                    f"engine outputs on {scen}: cosine {meter.worst_cosine():.6f} below {manifest['tolerance']}"
+                )
     return problems
 
 

@@ -7,12 +7,12 @@ the pass's own change; machine drift that slows a stage and its input alike canc
 
 Noise: each run's ratio has its 95% bootstrap interval, but the ratios themselves move between runs more than
 those intervals say (the same fuse stage read 1.36x and 1.11x in two runs of identical code). That between-run
-excess is estimated from the runs themselves: the typical size of the other passes' changes relative to their
-intervals (a robust median, leaving the judged pass out, never below 1) inflates the judged pass's interval, and
-the interval is widened by the control's own change, stage 0's raw P50 between the runs (a process or machine that
-moved by 8% can move a ratio by as much). A real slowdown of one pass stands out; a machine that moved widens all.
-Changes under MIN_EFFECT are never called. Stage 0, the control, is shown with its raw P50 change (a bootstrap
-of each side's samples) and is not judged: two runs cannot separate its own change from the machine's.
+move is estimated from the runs themselves: a robust scale (1.4826 x the median absolute change) of the other
+passes' ratio changes, leaving the judged pass out, added to its interval. A pass timed against stage 0 (PyTorch
+against ONNX Runtime) also carries stage 0's own between-run change, so its interval is widened by that change
+(the control's). A real slowdown of one pass stands out from the others; a machine that moved every ratio widens
+all. Changes under MIN_EFFECT are never called. Stage 0, the control, is shown with its raw P50 change (a
+bootstrap of each side's samples) and is not judged: two runs cannot separate its own change from the machine's.
 """
 
 from __future__ import annotations
@@ -45,13 +45,15 @@ def _link(e: dict[str, Any]) -> tuple[float, float] | None:
     return math.log(vs["ratio"]), (math.log(max(vs["high"], 1e-12)) - math.log(max(vs["low"], 1e-12))) / (2 * Z95)
 
 
-def _inflation(changes: dict[tuple[str, str], tuple[float, float]], stage: str) -> float:
-    """How much more the ratios moved between the runs than their intervals say: median |change| / sigma over the
-    other stages (each scenario), scaled to a normal's sigma (/ 0.6745), at least 1."""
-    pool = [abs(m) / s for (st, _), (m, s) in changes.items() if st != stage and s > 0]
-    if len(pool) < 2:
-        pool = [abs(m) / s for (m, s) in changes.values() if s > 0]
-    return max(1.0, float(np.median(pool)) / 0.6745) if pool else 1.0
+def _between_runs(changes: dict[tuple[str, str], float], stage: str, direct: set[str]) -> float:
+    """The typical between-run move of a ratio (log), beyond its in-run interval: a robust scale (1.4826 x the
+    median absolute change) of the other passes' ratio changes, leaving the judged pass out. Passes timed
+    against stage 0 are left out of the estimate when enough others remain: their ratio also carries stage 0's
+    own between-run change (PyTorch against ONNX Runtime), which is added to their interval apart."""
+    pool = [abs(m) for (st, _), m in changes.items() if st != stage and st not in direct]
+    if len(pool) < 3:
+        pool = [abs(m) for (st, _), m in changes.items() if st != stage]
+    return 1.4826 * float(np.median(pool)) if pool else 0.0
 
 
 def _verdict(a: dict[str, Any], b: dict[str, Any], seed: int = 0) -> tuple[float, float, str]:
@@ -87,19 +89,23 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         ma, mb = (sa[name].get("metrics") or {}), (sb[name].get("metrics") or {})
         return (ma.get("scenarios") or {}).get(scen), (mb.get("scenarios") or {}).get(scen)
 
-    changes: dict[tuple[str, str], tuple[float, float]] = {}  # (stage, scenario) -> (log B/A of its ratio, sigma)
+    links: dict[tuple[str, str], tuple[float, float]] = {}  # (stage, scenario) -> (log B/A of its ratio, sigma)
     for scen in scenarios:
         for name in names:
             ea, eb = entries(name, scen)
             la, lb = (_link(ea), _link(eb)) if ea and eb else (None, None)
             if la and lb and sa[name]["parent"] == sb[name]["parent"]:
-                changes[(name, scen)] = (lb[0] - la[0], math.sqrt(la[1] ** 2 + lb[1] ** 2))
-    control: dict[str, float] = {}  # scenario -> |log| of stage 0's raw P50 change: how far the machine moved
+                links[(name, scen)] = (lb[0] - la[0], math.sqrt(la[1] ** 2 + lb[1] ** 2))
+    control: dict[str, float] = {}  # scenario -> |log| of stage 0's raw P50 change
     source = sb[names[0]]["name"] if names and sb[names[0]]["index"] == 0 else None
     for scen in scenarios:
         ea, eb = entries(source, scen) if source else (None, None)
         if ea and eb:
             control[scen] = abs(math.log(eb["latency"]["p50_ms"] / ea["latency"]["p50_ms"]))
+    # Passes timed against stage 0 itself: their ratio moves with stage 0's own between-run change.
+    direct = {
+        n for n in names if source and sb[n].get("parent") and sb[sb[n]["parent"]].get("measured_against") == source
+    }
     rows = []
     for scen in scenarios:
         for name in names:
@@ -113,14 +119,15 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             }
             if ea and eb:
                 raw = ea["latency"]["p50_ms"] / eb["latency"]["p50_ms"]
-                if (name, scen) in changes and sb[name]["index"] > 0:
-                    mu, sigma = changes[(name, scen)]
-                    k = _inflation(changes, name)
+                if (name, scen) in links and sb[name]["index"] > 0:
+                    mu, sigma = links[(name, scen)]
+                    tau = _between_runs({k: v[0] for k, v in links.items()}, name, direct)
+                    widen = control.get(scen, 0.0) if name in direct else 0.0
+                    half = Z95 * math.sqrt(sigma**2 + tau**2) + widen
                     ratio, basis = math.exp(mu), "its own ratio vs its input (interleaved, both runs)"
-                    half = Z95 * k * sigma + control.get(scen, 0.0)
                     low, high = math.exp(mu - half), math.exp(mu + half)
                     verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
-                    row["inflation"], row["control_change"] = k, math.exp(control.get(scen, 0.0)) - 1
+                    row["between_runs"], row["control_widening"] = tau, widen
                 else:
                     low, high, verdict = _verdict(ea, eb)
                     ratio = raw

@@ -82,6 +82,11 @@ class TensorRTPass(Pass):
         reason = super().skip_reason(artifact, ctx)
         if reason is None and ctx.recipe.target.device != "cuda":
             return "target.device is cpu: TensorRT engines run on CUDA devices"
+        if reason is None and artifact.path is not None:
+            from optimizer import onnx_io
+            from optimizer.gpu.profiles import asymmetric_qdq_reason
+
+            reason = asymmetric_qdq_reason(onnx_io.load(artifact.path))
         return reason
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:

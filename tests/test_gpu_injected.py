@@ -105,3 +105,346 @@ def test_tensorrt_graph_replays_on_the_stream_its_events_time(fake_cuda: None) -
     session.run({"graph": graph, "inputs": {}, "outputs": {}})
     assert graph.replayed_on == [session.stream]
     assert session._events[0].streams == [session.stream] == session._events[1].streams
+
+
+# ---------------------------------------------------------------- ONNX Runtime on CUDA
+class FakeOrtSession:
+    """An InferenceSession that, like ORT when the CUDA provider cannot load, opened with the CPU provider alone."""
+
+    def __init__(self, path: str, so: Any = None, providers: Any = None) -> None:
+        self.asked = providers
+
+    def get_providers(self) -> list[str]:
+        return ["CPUExecutionProvider"]
+
+    def get_outputs(self) -> list[Any]:
+        return [SimpleNamespace(name="y")]
+
+    def get_inputs(self) -> list[Any]:
+        return [SimpleNamespace(name="x")]
+
+
+@pytest.fixture
+def torch_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=77))
+
+
+def test_ort_computes_on_the_stream_the_harness_times(torch_stream: None) -> None:
+    from optimizer.runners.ort_runner import providers_for
+
+    (name, options), cpu = providers_for({"cuda_graph": True}, "cuda")
+    assert name == "CUDAExecutionProvider" and cpu == "CPUExecutionProvider"
+    assert options["has_user_compute_stream"] == "1" and options["user_compute_stream"] == "77"
+    assert options["enable_cuda_graph"] == "1"
+
+
+def test_cuda_session_that_fell_back_to_the_cpu_is_refused(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, torch_stream: None
+) -> None:
+    import onnxruntime as ort
+    from conftest import mlp_recipe, write_recipe
+
+    import optimizer.gpu
+    from optimizer.artifact import Artifact
+    from optimizer.errors import OptimizerError
+    from optimizer.recipe import load_recipe
+    from optimizer.runners.ort_runner import OrtRunner
+
+    monkeypatch.setattr(ort, "InferenceSession", FakeOrtSession)
+    monkeypatch.setattr(optimizer.gpu, "ort_cuda_reason", lambda: None)
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
+    runner = OrtRunner(Artifact("onnx", tmp_path / "m.onnx", {}, {}), recipe, device="cuda")
+    with pytest.raises(OptimizerError, match="without its CUDA execution provider"), runner.load():
+        pass
+
+
+def test_int8_for_tensorrt_is_symmetric_and_the_tensorrt_pass_checks_it(tmp_path: Any) -> None:
+    import onnx
+    from test_verdicts import sensitive_chain
+
+    from optimizer.gpu.profiles import asymmetric_qdq_reason
+    from passes.quantize import QuantizeConfig, symmetric_activations
+    from passes.quantize.calibration import FeedReader
+    from passes.quantize.modes import int8_static
+
+    assert symmetric_activations(QuantizeConfig(mode="int8_static"), "cuda") is True
+    assert symmetric_activations(QuantizeConfig(mode="int8_static"), "cpu") is False
+    src = tmp_path / "chain.onnx"
+    sensitive_chain(src, layers=3, width=16)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.normal(size=(2, 16)).astype(np.float32)} for _ in range(4)]
+    for symmetric in (False, True):
+        dst = tmp_path / f"q{symmetric}.onnx"
+        int8_static(src, dst, FeedReader(feeds, ["x"]), "minmax", True, symmetric, ["MatMul"], [], 99.99)
+        reason = asymmetric_qdq_reason(onnx.load(str(dst)))
+        if symmetric:
+            assert reason is None
+        else:
+            assert reason is not None and "uint8" in reason and "symmetric" in reason
+
+
+# ---------------------------------------------------------------- TensorRT contexts per shape
+class FakeContext:
+    def __init__(self, max_batch: int = 8) -> None:
+        self.max_batch, self.shapes = max_batch, {}
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        self.shapes[name] = shape
+        return shape[0] <= self.max_batch  # TensorRT returns False outside the profile
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes["x"]
+
+    def set_tensor_address(self, name: str, ptr: int) -> None:
+        pass
+
+    def execute_async_v3(self, stream: int) -> bool:
+        return True
+
+
+def _trt_session(cuda_graph: bool) -> TrtSession:
+    session = TrtSession.__new__(TrtSession)
+    contexts: list[FakeContext] = []
+
+    def create() -> FakeContext:
+        contexts.append(FakeContext())
+        return contexts[-1]
+
+    session.engine = SimpleNamespace(
+        create_execution_context=create, get_tensor_dtype=lambda n: SimpleNamespace(name="FLOAT")
+    )
+    session.torch, session.trt, session.device = torch, None, "cpu"
+    session.context, session.runtime, session._graphs = create(), {"cuda_graph": cuda_graph}, {}
+    session.input_names, session.output_names = ["x"], ["y"]
+    session.stream = SimpleNamespace(cuda_stream=1, synchronize=lambda: None)
+    session.created = contexts  # type: ignore[attr-defined]
+    return session
+
+
+def test_tensorrt_graphs_get_one_context_per_shape(fake_cuda: None) -> None:
+    session = _trt_session(cuda_graph=True)
+    feeds = [np.zeros(shape, np.float32) for shape in ((2, 4), (3, 4), (2, 4))]
+    prepared = [session.prepare({"x": f}) for f in feeds]
+    assert len(session._graphs) == 2 and len(session.created) == 3  # the session's own + one per shape
+    assert prepared[0]["context"] is prepared[2]["context"] is not prepared[1]["context"]
+    assert prepared[0]["context"].shapes["x"] == (2, 4) and prepared[1]["context"].shapes["x"] == (3, 4)
+    assert prepared[0]["static"] is prepared[2]["static"] and prepared[0]["inputs"] is not prepared[2]["inputs"]
+
+
+def test_tensorrt_shape_outside_the_profile_says_so(fake_cuda: None) -> None:
+    from optimizer.errors import OptimizerError
+
+    session = _trt_session(cuda_graph=False)
+    with pytest.raises(OptimizerError, match="outside the engine's optimization profile"):
+        session.prepare({"x": np.zeros((9, 4), np.float32)})
+    bf16 = _trt_session(cuda_graph=False)
+    bf16.engine.get_tensor_dtype = lambda n: SimpleNamespace(name="BF16")
+    assert bf16._dtype("x") is torch.bfloat16
+
+
+# ---------------------------------------------------------------- Triton configs, parsed by Triton's own schema
+def _model_config_pb2() -> Any:
+    """tritonclient's generated model_config protobuf, loaded by file (its package __init__ wants grpc)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tritonclient")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("tritonclient is not installed (dev extra)")
+    path = next(iter(spec.submodule_search_locations)) + "/grpc/model_config_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("triton_model_config_pb2", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _report(device: str, threads: int) -> dict[str, Any]:
+    return {"settings": {"device": device, "threads": threads}, "scenarios": [{"batch": 1}, {"batch": 8}]}
+
+
+@pytest.mark.parametrize(("level", "expected"), [("disable_all", 2), ("basic", -1), ("extended", 1), ("all", None)])
+def test_triton_config_parses_and_serves_as_measured(level: str, expected: int | None) -> None:
+    from google.protobuf import text_format
+
+    from optimizer.bundle import triton_config
+
+    pb2 = _model_config_pb2()
+    inputs = [{"name": "input_ids", "dtype": "int64", "onnx_type": "INT64", "shape": ["batch", "seq"]}]
+    outputs = [{"name": "emb", "dtype": "float16", "onnx_type": "FLOAT16", "shape": ["batch", "seq", 384]}]
+    for device, kind in (("cpu", pb2.ModelInstanceGroup.KIND_CPU), ("cuda", pb2.ModelInstanceGroup.KIND_GPU)):
+        text = triton_config("m", inputs, outputs, _report(device, 3), {"graph_optimization_level": level})
+        config = text_format.Parse(text, pb2.ModelConfig())
+        assert config.max_batch_size == 8 and config.instance_group[0].kind == kind
+        assert config.input[0].data_type == pb2.TYPE_INT64 and config.output[0].data_type == pb2.TYPE_FP16
+        assert list(config.output[0].dims) == [-1, 384]
+        assert config.parameters["intra_op_thread_count"].string_value == "3"
+        assert config.optimization.graph.level == (expected if expected is not None else 0)
+        assert config.optimization.HasField("graph") == (expected is not None)
+
+
+def test_triton_config_refuses_a_type_triton_lacks() -> None:
+    from optimizer.bundle import triton_config
+    from optimizer.errors import OptimizerError
+
+    fp8 = [{"name": "y", "dtype": "float8e4m3fn", "onnx_type": "FLOAT8E4M3FN", "shape": ["batch", 4]}]
+    with pytest.raises(OptimizerError, match="'y' has type FLOAT8E4M3FN"):
+        triton_config("m", fp8, fp8, _report("cpu", 2), {})
+
+
+# ---------------------------------------------------------------- export --format tensorrt
+def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
+    import json
+
+    from conftest import mlp_recipe, write_recipe
+
+    from optimizer.bundle import export_bundle, unchecked_reason, verify_bundle
+    from optimizer.pipeline import Pipeline
+    from optimizer.recipe import load_recipe
+    from optimizer.report import write_report
+
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
+    run = tmp_path / "run"
+    report = write_report(recipe, Pipeline(recipe, run).execute(), run, 1.0)
+    # An engine stage as a GPU machine writes it: a serialized engine (a fixture here) and engine.json beside it.
+    folder = run / "03-tensorrt"
+    folder.mkdir()
+    (folder / "model.plan").write_bytes(b"fixture engine: not a real plan" * 10)
+    (folder / "engine.json").write_text(json.dumps({"tensorrt": "10.13", "gpu": "NVIDIA H200"}))
+    trt_stage = json.loads(json.dumps(report["stages"][-1]))
+    trt_stage.update(
+        index=3, name="tensorrt", type="tensorrt", parent="ort_session", folder=folder.name,
+        artifact={"kind": "trt_engine", "path": str(folder / "model.plan"), "runtime": {}, "meta": {}},
+    )
+    report["stages"].append(trt_stage)
+    out = export_bundle(report, "tensorrt", "tensorrt", tmp_path / "bundle")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["files"]) == {
+        "model.plan", "engine.json", "reference.npz", "polygraphy_inputs.json", "polygraphy_outputs.json"
+    }
+    assert manifest["model"] == "model.plan" and manifest["tolerance"]["against"] == "stage 0"
+    with np.load(out / "reference.npz") as ref:
+        assert {"b1/in/x", "b1/out/logits", "b8/out/logits"} <= set(ref.files)
+    assert verify_bundle(out) == [] and "tensorrt" in (unchecked_reason(out) or "")
+    (out / "model.plan").write_bytes(b"tampered")
+    assert any("model.plan: sha256 differs" in p for p in verify_bundle(out))
+    with pytest.raises(Exception, match="not a TensorRT engine"):
+        export_bundle(report, "ort_session", "tensorrt", tmp_path / "bundle2")
+
+
+# ---------------------------------------------------------------- NVML
+class FakeNvml:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def nvmlInit(self) -> None:
+        self.calls.append("init")
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        raise RuntimeError("not this way")  # force the CUDA_VISIBLE_DEVICES path
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        self.calls.append(f"index {i}")
+        return f"handle {i}"
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
+        return SimpleNamespace(gpu=50)
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
+        return SimpleNamespace(used=2**30)
+
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
+        return 300_000
+
+
+def test_nvml_samples_the_visible_device_and_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from optimizer.gpu.nvml import NvmlSampler
+
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    with NvmlSampler(interval=0.01) as sampler:
+        import time
+
+        time.sleep(0.05)
+    assert fake.calls[0] == "init" and "index 3" in fake.calls and fake.calls[-1] == "shutdown"
+    assert sampler.summary()["power_max_w"] == 300.0
+
+
+# ---------------------------------------------------------------- ONNX Runtime CUDA graphs: one id per shape
+class FakeOrtValue:
+    def __init__(self, arr: np.ndarray) -> None:
+        self.data = arr.copy()
+
+    @staticmethod
+    def ortvalue_from_numpy(arr: np.ndarray, device: str, index: int) -> FakeOrtValue:
+        return FakeOrtValue(arr)
+
+    def update_inplace(self, arr: np.ndarray) -> None:
+        self.data[...] = arr
+
+
+class FakeRunOptions:
+    def __init__(self) -> None:
+        self.entries: dict[str, str] = {}
+
+    def add_run_config_entry(self, key: str, value: str) -> None:
+        self.entries[key] = value
+
+
+class FakeBinding:
+    def __init__(self) -> None:
+        self.inputs: dict[str, FakeOrtValue] = {}
+        self.out: np.ndarray | None = None
+
+    def bind_ortvalue_input(self, name: str, value: FakeOrtValue) -> None:
+        self.inputs[name] = value
+
+    def bind_output(self, name: str, device: str, index: int) -> None:
+        pass
+
+    def copy_outputs_to_cpu(self) -> list[np.ndarray]:
+        assert self.out is not None, "outputs never written (a replay of another shape's graph)"
+        return [self.out]
+
+
+class FakeGraphSession:
+    """ORT with enable_cuda_graph: the first runs of a graph id capture it over that binding's buffers; later
+    runs with the id replay it, reading the captured buffers and writing the captured binding's outputs."""
+
+    def __init__(self) -> None:
+        self.captured: dict[str, FakeBinding] = {}
+        self.ids: list[str] = []
+
+    def io_binding(self) -> FakeBinding:
+        return FakeBinding()
+
+    def run_with_iobinding(self, binding: FakeBinding, options: FakeRunOptions | None = None) -> None:
+        gid = (options.entries.get("gpu_graph_id") if options else None) or "0"
+        self.ids.append(gid)
+        target = self.captured.setdefault(gid, binding)
+        target.out = target.inputs["x"].data * 2
+
+
+def test_ort_cuda_graph_per_shape_and_each_feed_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime as ort
+
+    from optimizer.runners.ort_runner import OrtCudaSession
+
+    monkeypatch.setattr(ort, "OrtValue", FakeOrtValue)
+    monkeypatch.setattr(ort, "RunOptions", FakeRunOptions)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    session = OrtCudaSession.__new__(OrtCudaSession)
+    session.session, session.runtime = FakeGraphSession(), {"cuda_graph": True}
+    session.input_names, session.output_names = ["x"], ["y"]
+    a, b, c = (np.full(shape, v, np.float32) for shape, v in (((1, 4), 1.0), ((2, 4), 3.0), ((1, 4), 5.0)))
+    pa, pb, pc = (session.prepare({"x": f}) for f in (a, b, c))
+    np.testing.assert_array_equal(session.to_numpy(session.run(pb))[0], 2 * b)  # its own graph, not graph 0's
+    np.testing.assert_array_equal(session.to_numpy(session.run(pc))[0], 2 * c)  # same shape as a, its own data
+    np.testing.assert_array_equal(session.to_numpy(session.run(pa))[0], 2 * a)
+    assert set(session.session.ids) == {"1", "2"}  # one graph id per shape, never ORT's shared default

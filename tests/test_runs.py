@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,9 +88,22 @@ def test_bundle_export_verify_and_tamper(two_runs: tuple[Path, Path, Path, Path]
     proc = run_cli("--history", str(history), "export", str(a), "--stage", "ort_session", "--out", str(bundle))
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert manifest["inputs"][0] == {"name": "x", "dtype": "float32", "shape": ["batch", 16]}
+    assert manifest["inputs"][0] == {"name": "x", "dtype": "float32", "onnx_type": "FLOAT", "shape": ["batch", 16]}
     assert manifest["runtime"]["onnxruntime_session"]["graph_optimization_level"] == "all"
-    assert set(manifest["files"]) == {"model.onnx", "reference.npz"}
+    assert set(manifest["files"]) == {
+        "model.onnx",
+        "reference.npz",
+        "polygraphy_inputs.json",
+        "polygraphy_outputs.json",
+    }
+    # The bundle checks without this tool: Polygraphy's own runner, inputs and expected outputs.
+    poly = subprocess.run(
+        [str(Path(sys.executable).parent / "polygraphy"), "run", str(bundle / "model.onnx"), "--onnxrt",
+         "--load-inputs", str(bundle / "polygraphy_inputs.json"),
+         "--load-outputs", str(bundle / "polygraphy_outputs.json"), "--atol", "1e-5", "--rtol", "1e-4"],
+        capture_output=True, text=True,
+    )
+    assert poly.returncode == 0 and "PASSED" in poly.stdout + poly.stderr, (poly.stdout + poly.stderr)[-1500:]
     assert manifest["benchmark"]["b1"]["latency"]["p50_ms"] > 0
     assert run_cli("verify", str(bundle)).returncode == 0
     bench = run_cli("bench", str(bundle), "--rounds", "2", "--iterations", "3")

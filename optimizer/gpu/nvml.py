@@ -8,8 +8,28 @@ from types import TracebackType
 from typing import Any
 
 
+def device_handle(pynvml: Any) -> Any:
+    """NVML's handle for the device torch computes on. NVML numbers every GPU of the machine and ignores
+    CUDA_VISIBLE_DEVICES, so index 0 can be another process's GPU: the device is found by its UUID (torch's
+    properties carry it), else by the first entry of CUDA_VISIBLE_DEVICES when that is a plain index."""
+    import os
+
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:  # older torch without .uuid, or NVML that does not know it: fall back
+        pass
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if visible.startswith("GPU-"):
+        return pynvml.nvmlDeviceGetHandleByUUID(visible)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+
+
 class NvmlSampler:
-    """Context manager: samples device 0 every `interval` seconds on a thread; `summary()` after exit.
+    """Context manager: samples the device torch computes on every `interval` seconds on a thread; `summary()`
+    after exit; NVML is shut down on exit.
 
     Without nvidia-ml-py or a device it samples nothing and `summary()` says why.
     """
@@ -27,7 +47,8 @@ class NvmlSampler:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._initialized = True
+            self._handle = device_handle(pynvml)
         except Exception as e:  # ImportError, or NVML's own errors (no driver, no device)
             self.reason = f"NVML unavailable ({type(e).__name__}: {e})"
             return self
@@ -55,6 +76,11 @@ class NvmlSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        if getattr(self, "_initialized", False):
+            import pynvml
+
+            pynvml.nvmlShutdown()
+            self._initialized = False
 
     def summary(self) -> dict[str, Any]:
         if not self.samples:

@@ -48,3 +48,31 @@ CONTROL_FLOW = ("If", "Loop", "Scan")
 def cuda_graph_blockers(op_types: dict[str, Any]) -> list[str]:
     """Ops that make a graph uncapturable (data-dependent control flow)."""
     return [op for op in CONTROL_FLOW if op_types.get(op)]
+
+
+def asymmetric_qdq_reason(model: Any) -> str | None:
+    """TensorRT takes only symmetric signed INT8 Q/DQ (zero point 0, int8). The first Q/DQ node that is not, as a
+    reason; None when every one is (or there are none)."""
+    from onnx import TensorProto, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    consts = {
+        n.output[0]: n.attribute[0].t for n in model.graph.node if n.op_type == "Constant" and n.attribute
+    }
+    for node in model.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        if len(node.input) < 3 or not node.input[2]:
+            return f"{node.op_type} {node.name!r} has no zero point (uint8 by default); TensorRT takes only int8"
+        zp = inits.get(node.input[2]) or consts.get(node.input[2])
+        if zp is None:
+            continue  # computed at run time: TensorRT's parser will say
+        if zp.data_type != TensorProto.INT8:
+            kind = TensorProto.DataType.Name(zp.data_type).lower()
+            return (
+                f"{node.op_type} {node.name!r} quantizes to {kind}; TensorRT takes only symmetric signed INT8 "
+                "(quantize with symmetric_activations: true, the default for cuda targets)"
+            )
+        if numpy_helper.to_array(zp).any():
+            return f"{node.op_type} {node.name!r} has a non-zero zero point; TensorRT takes only symmetric INT8"
+    return None

@@ -80,14 +80,22 @@ class OrtSession(Session):
 class OrtCudaSession(OrtSession):
     """CUDA EP with IO binding: inputs copied to the device once in `prepare`, outputs bound on the device, so
     `run` times compute only; with cuda_graph, ORT captures on the first run and replays after (fixed buffers).
-    GPU time comes from CUDA events around the run (torch's, on the current stream)."""
+    GPU time comes from CUDA events around the run, recorded on torch's current stream, which is the stream ORT
+    computes on: the session is opened with it as `user_compute_stream` (providers_for)."""
 
     device_time = True
 
     def prepare(self, feed: dict[str, np.ndarray]) -> Any:
+        """Without cuda_graph: the feed on the device, outputs bound there (one binding per feed). With it: one
+        CUDA graph per input shape, each under its own `gpu_graph_id`, over static input buffers and its own
+        binding; `run` writes the feed into them first (a host-to-device copy of the inputs, inside the timed
+        call, as a server feeding a captured graph does). One graph id for every shape, as before, replayed
+        graph 0 for a second shape and left that binding's outputs unwritten."""
         import onnxruntime as ort
 
         feed = super().prepare(feed)
+        if self.runtime.get("cuda_graph"):
+            return self._graph_for(feed)
         binding = self.session.io_binding()
         keep = []
         for name, arr in feed.items():
@@ -96,17 +104,44 @@ class OrtCudaSession(OrtSession):
             binding.bind_ortvalue_input(name, value)
         for name in self.output_names:
             binding.bind_output(name, "cuda", 0)
-        self.session.run_with_iobinding(binding)  # allocates the outputs (and captures, with cuda_graph)
-        return (binding, keep)
+        self.session.run_with_iobinding(binding)  # allocates the outputs
+        return (binding, keep, None)
+
+    def _graph_for(self, feed: dict[str, np.ndarray]) -> Any:
+        import onnxruntime as ort
+
+        graphs: dict[Any, Any] = self.__dict__.setdefault("_graphs", {})
+        key = tuple((n, a.shape, a.dtype.str) for n, a in feed.items())
+        if key not in graphs:
+            options = ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(len(graphs) + 1))  # 0 is ORT's default id
+            binding = self.session.io_binding()
+            static = {}
+            for name, arr in feed.items():
+                static[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
+                binding.bind_ortvalue_input(name, static[name])
+            for name in self.output_names:
+                binding.bind_output(name, "cuda", 0)
+            for _ in range(2):  # ORT warms up, then captures on a later run
+                self.session.run_with_iobinding(binding, options)
+            graphs[key] = (binding, static, options)
+        binding, static, options = graphs[key]
+        return (binding, static, {n: np.ascontiguousarray(a) for n, a in feed.items()}, options)
 
     def run(self, prepared: Any) -> Any:
         import torch
 
-        binding, _ = prepared
         if not hasattr(self, "_events"):
             self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self._events[0].record()
-        self.session.run_with_iobinding(binding)
+        if len(prepared) == 4:  # a captured shape: this feed into its static buffers, then replay
+            binding, static, values, options = prepared
+            for name, value in values.items():
+                static[name].update_inplace(value)
+            self.session.run_with_iobinding(binding, options)
+        else:
+            binding = prepared[0]
+            self.session.run_with_iobinding(binding)
         self._events[1].record()
         torch.cuda.synchronize()
         return binding
@@ -126,7 +161,7 @@ class OrtCudaSession(OrtSession):
         for arr in super().prepare(feed).values():
             ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
         h2d = (time.perf_counter() - t0) * 1000
-        binding, _ = self.prepare(feed)
+        binding = self.run(self.prepare(feed))
         t0 = time.perf_counter()
         binding.copy_outputs_to_cpu()
         return {"h2d_ms": h2d, "d2h_ms": (time.perf_counter() - t0) * 1000}
@@ -141,10 +176,30 @@ class OrtCudaSession(OrtSession):
 
 
 def providers_for(runtime: dict[str, Any], device: str) -> list[Any]:
+    """ORT providers for a device. On CUDA, ORT computes on torch's current stream (`user_compute_stream`), so
+    the CUDA events the harness records there time ORT's kernels, not an idle stream beside them."""
     if device != "cuda":
         return ["CPUExecutionProvider"]
-    options = {"enable_cuda_graph": "1" if runtime.get("cuda_graph") else "0"}
+    import torch
+
+    options = {
+        "enable_cuda_graph": "1" if runtime.get("cuda_graph") else "0",
+        "has_user_compute_stream": "1",
+        "user_compute_stream": str(torch.cuda.current_stream().cuda_stream),
+    }
     return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
+def check_providers(session: Any, device: str, path: Any) -> None:
+    """ORT opens a session with the CPU provider alone when the CUDA provider cannot load (a CUDA runtime or
+    cuDNN of another major, say) and says so only in a log line: everything "on CUDA" would then run on the
+    CPU. Refuse that, with the reason."""
+    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        raise OptimizerError(
+            f"{path}: onnxruntime opened the session without its CUDA execution provider (providers in use: "
+            f"{', '.join(session.get_providers())}); the CUDA provider could not load here, often a CUDA or cuDNN "
+            "of another major than this onnxruntime-gpu build links"
+        )
 
 
 class OrtRunner(Runner):
@@ -171,6 +226,7 @@ class OrtRunner(Runner):
         except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, NotImplemented)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise OptimizerError(f"{self.artifact.path}: onnxruntime cannot load it: {first}") from e
+        check_providers(session, device, self.artifact.path)
         cls = OrtCudaSession if device == "cuda" else OrtSession
         return cls(session, self.artifact.runtime, threads)
 

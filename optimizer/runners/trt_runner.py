@@ -28,6 +28,8 @@ class TrtSession(Session):
         self.engine = engine
         self.context = engine.create_execution_context()
         self.runtime = runtime
+        self.device = "cuda"
+        self._graphs: dict[Any, Any] = {}  # input shapes -> (context, static inputs, outputs, graph)
         self.stream = torch.cuda.Stream()
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -35,46 +37,90 @@ class TrtSession(Session):
         self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
 
     def _dtype(self, name: str) -> Any:
-        return getattr(self.torch, np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name))).name)
+        """The torch dtype of an engine tensor, by TensorRT's type name (trt.nptype has no bfloat16)."""
+        kind = self.engine.get_tensor_dtype(name).name
+        torch = self.torch
+        table = {
+            "FLOAT": torch.float32,
+            "HALF": torch.float16,
+            "BF16": torch.bfloat16,
+            "INT8": torch.int8,
+            "UINT8": torch.uint8,
+            "INT32": torch.int32,
+            "INT64": torch.int64,
+            "BOOL": torch.bool,
+        }
+        if kind not in table:
+            raise OptimizerError(f"TensorRT engine: tensor {name!r} has type {kind}, which this runner does not feed")
+        return table[kind]
 
     def prepare(self, feed: dict[str, np.ndarray]) -> Any:
+        """Inputs on the device (awaited before any timing), outputs allocated for their shape. With cuda_graph,
+        one execution context, static buffers and graph per input shape: a context holds one shape, and a graph
+        replays the buffers and the shape it was captured with, so `run` copies each feed into them first."""
         torch = self.torch
         inputs = {
-            n: torch.from_numpy(np.ascontiguousarray(feed[n])).to("cuda").to(self._dtype(n)) for n in self.input_names
+            n: torch.from_numpy(np.ascontiguousarray(feed[n])).to(self.device).to(self._dtype(n))
+            for n in self.input_names
         }
-        for n, t in inputs.items():
-            self.context.set_input_shape(n, tuple(t.shape))
-        outputs = {
-            n: torch.empty(tuple(self.context.get_tensor_shape(n)), dtype=self._dtype(n), device="cuda")
-            for n in self.output_names
-        }
-        graph = None
-        if self.runtime.get("cuda_graph"):
-            self._bind(inputs, outputs)
-            self.context.execute_async_v3(self.stream.cuda_stream)  # warm-up enqueue after the shape change
+        if not self.runtime.get("cuda_graph"):
+            outputs = self._outputs(self.context, inputs)
+            self._sync()
+            return {"inputs": inputs, "outputs": outputs, "graph": None, "context": self.context}
+        key = tuple((n, tuple(t.shape)) for n, t in inputs.items())
+        if key not in self._graphs:
+            context = self.engine.create_execution_context()
+            static = {n: t.clone() for n, t in inputs.items()}
+            outputs = self._outputs(context, static)
+            self._bind(context, static, outputs)
+            self._sync()
+            context.execute_async_v3(self.stream.cuda_stream)  # warm-up enqueue after the shape change
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=self.stream):
-                self.context.execute_async_v3(self.stream.cuda_stream)
-        return {"inputs": inputs, "outputs": outputs, "graph": graph}
+                context.execute_async_v3(self.stream.cuda_stream)
+            self._graphs[key] = (context, static, outputs, graph)
+        context, static, outputs, graph = self._graphs[key]
+        self._sync()
+        return {"inputs": inputs, "static": static, "outputs": outputs, "graph": graph, "context": context}
 
-    def _bind(self, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    def _sync(self) -> None:
+        """Copies made on the default stream are finished before self.stream (which does not wait for it) runs."""
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def _outputs(self, context: Any, inputs: dict[str, Any]) -> dict[str, Any]:
         for n, t in inputs.items():
-            self.context.set_input_shape(n, tuple(t.shape))
-            self.context.set_tensor_address(n, t.data_ptr())
+            if not context.set_input_shape(n, tuple(t.shape)):
+                raise OptimizerError(
+                    f"TensorRT engine: input {n!r} of shape {tuple(t.shape)} is outside the engine's optimization "
+                    "profile (rebuild with a profile that spans every scenario)"
+                )
+        return {
+            n: self.torch.empty(tuple(context.get_tensor_shape(n)), dtype=self._dtype(n), device=self.device)
+            for n in self.output_names
+        }
+
+    def _bind(self, context: Any, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+        for n, t in inputs.items():
+            context.set_input_shape(n, tuple(t.shape))
+            context.set_tensor_address(n, t.data_ptr())
         for n, t in outputs.items():
-            self.context.set_tensor_address(n, t.data_ptr())
+            context.set_tensor_address(n, t.data_ptr())
 
     def run(self, prepared: Any) -> Any:
         self._events[0].record(self.stream)
         if prepared["graph"] is not None:
-            # replay() launches on the current stream: make it the stream the events and the sync are on, or
-            # run() returns before the work ends and the GPU time reads about zero.
+            # Both on the stream the events and the sync are on: replay() launches on the current stream, and
+            # a replay elsewhere would return before the work ends (GPU time about zero).
             with self.torch.cuda.stream(self.stream):
+                for n, t in prepared["inputs"].items():
+                    if prepared["static"][n] is not t:
+                        prepared["static"][n].copy_(t, non_blocking=True)
                 prepared["graph"].replay()
         else:
-            self._bind(prepared["inputs"], prepared["outputs"])
-            if not self.context.execute_async_v3(self.stream.cuda_stream):
+            self._bind(prepared["context"], prepared["inputs"], prepared["outputs"])
+            if not prepared["context"].execute_async_v3(self.stream.cuda_stream):
                 raise OptimizerError("TensorRT execute_async_v3 failed")
         self._events[1].record(self.stream)
         self.stream.synchronize()

@@ -40,7 +40,11 @@ class HybridSettings(PassConfig):
 class QuantizeConfig(PassConfig):
     mode: Literal["int8_dynamic", "int8_static", "fp16", "hybrid"]
     per_channel: bool = True
-    symmetric_activations: bool = False
+    symmetric_activations: bool | None = Field(
+        default=None,
+        description="signed INT8 activations with zero point 0; default: on for cuda targets (TensorRT takes only "
+        "symmetric Q/DQ), off on the CPU (asymmetric uint8 keeps more of a ReLU's range)",
+    )
     op_types: list[str] = Field(default_factory=lambda: list(DEFAULT_OPS))
     exclude_nodes: list[str] = Field(default_factory=list)
     calibration: Calibration = Field(default_factory=Calibration)
@@ -48,6 +52,11 @@ class QuantizeConfig(PassConfig):
     op_block_list: list[str] = Field(default_factory=list, description="fp16: op types kept in FP32")
     node_block_list: list[str] = Field(default_factory=list, description="fp16: nodes kept in FP32")
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
+
+
+def symmetric_activations(cfg: QuantizeConfig, device: str) -> bool:
+    """Signed, zero-point-0 activations: asked for, or by default on cuda targets (what TensorRT takes)."""
+    return cfg.symmetric_activations if cfg.symmetric_activations is not None else device == "cuda"
 
 
 class QuantizePass(Pass):
@@ -128,7 +137,7 @@ class QuantizePass(Pass):
                     reader,
                     cfg.calibration.method,
                     cfg.per_channel,
-                    cfg.symmetric_activations,
+                    symmetric_activations(cfg, ctx.recipe.target.device),
                     cfg.op_types,
                     cfg.exclude_nodes,
                     cfg.calibration.percentile,
