@@ -118,6 +118,8 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
         )
     if fmt != "tensorrt" and (artifact.kind != "onnx" or artifact.path is None):
         raise OptimizerError(f"--stage: {stage['name']!r} is a {artifact.kind} artifact; export takes ONNX stages")
+    if out.exists() and not out.is_dir():
+        raise OptimizerError(f"--out: {out} exists and is a file; give a new or empty folder")
     if out.exists() and any(out.iterdir()):
         raise OptimizerError(f"--out: {out} exists and is not empty")
     staging = out.parent / f".{out.name}.partial"
@@ -337,6 +339,17 @@ def verify_bundle(root: Path) -> list[str]:
         return [f"{manifest_path}: missing"]
     manifest = json.loads(manifest_path.read_text())
     problems = []
+    inside = root.resolve()
+    named = [*manifest["files"], *([manifest["model"]] if manifest.get("model") else [])]
+    outside = [rel for rel in named if not (root / rel).resolve().is_relative_to(inside)]
+    if outside:  # never read (or run) anything the manifest points at outside the bundle
+        return [f"{rel}: outside the bundle; a manifest may name only files inside it" for rel in outside]
+    listed = {str(Path(rel)) for rel in manifest["files"]} | {MANIFEST}
+    problems += [
+        f"{p.relative_to(root)}: not in the manifest (added after export?)"
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and str(p.relative_to(root)) not in listed
+    ]
     for rel, digest in manifest["files"].items():
         path = root / rel
         if not path.is_file():
@@ -361,6 +374,10 @@ def verify_bundle(root: Path) -> list[str]:
             got = session.run(names, {i.name: feed[i.name] for i in session.get_inputs()})
             meter = AccuracyMeter(names)
             expected = [ref[f"{scen}/out/{n}"] for n in names]
+            bad = [n for n, e in zip(names, expected, strict=True) if e.dtype.kind == "f" and not np.isfinite(e).all()]
+            if bad:
+                problems.append(f"reference outputs {bad} on {scen} contain NaN/inf: nothing to verify against")
+                continue
             meter.add(expected, got)
             for n, acc in meter.per_output.items():
                 scale = float(np.max(np.abs(ref[f"{scen}/out/{n}"]))) or 1.0

@@ -108,8 +108,8 @@ def verify(bundle: Path = typer.Argument(..., help="bundle folder")) -> None:
 @app.command()
 def bench(
     bundle: Path = typer.Argument(..., help="bundle folder"),
-    rounds: int = typer.Option(10, "--rounds"),
-    iterations: int = typer.Option(10, "--iterations"),
+    rounds: int = typer.Option(10, "--rounds", min=1),
+    iterations: int = typer.Option(10, "--iterations", min=1),
 ) -> None:
     """Time a bundle on its reference inputs with the benchmark harness."""
     from optimizer.bundle import bench_bundle

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.report import columns, stage_rows
+from optimizer.report import columns, scenario_title, stage_rows
 
 GREEN, RED, GREY, BLUE = "#2e9d58", "#d1495b", "#9aa5b1", "#3d7ec9"
 PALETTE = ["#3d7ec9", "#e08e0b", "#2e9d58", "#d1495b", "#8e5cc9", "#5cb6c9", "#c95c9f", "#9aa5b1", "#6b8e23"]
@@ -263,13 +263,15 @@ def to_html(report: dict[str, Any]) -> str:
         f"{r['settings']['threads']} threads, {_esc(r['environment']['cpu'])} &middot; "
         f"{_esc(', '.join(f'{k} {v}' for k, v in r['environment']['packages'].items()))}</p>",
     ]
+    if (r.get("best") or {}).get("stage"):
+        parts.append(f"<p><b>Best stage</b>: {_esc(r['best']['why'])}.</p>")
     if r.get("findings"):
         parts.append(
             "<h2>Findings</h2><ul class='findings'>" + "".join(f"<li>{_esc(f)}</li>" for f in r["findings"]) + "</ul>"
         )
     for scen in r["scenarios"]:
         name = scen["name"]
-        parts.append(f"<h2>Scenario {_esc(name)} (batch {scen['batch']}, seq {scen['seq']})</h2>")
+        parts.append(f"<h2>Scenario {_esc(scenario_title(r, scen))}</h2>")
         parts += [waterfall(r, name), boxplots(r, name), _table(r, name)]
     if (r.get("batch_sweep") or {}).get("rows"):
         parts += ["<h2>Batch sweep</h2>", sweep_chart(r)]

@@ -111,6 +111,13 @@ def measure_stage(
         gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
 
         new_reference = run_all(session, feeds) if reference is None else None
+        # Stage 0's own NaN/inf: every later stage is compared against them (NaN agrees with NaN), so say so.
+        nonfinite_reference = (
+            sum(int(np.sum(~np.isfinite(o))) for s in new_reference.values() for outs in s for o in outs
+                if np.issubdtype(o.dtype, np.floating))
+            if new_reference is not None
+            else None
+        )
         accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
         within, why = recipe_verdict(accuracy, recipe)
 
@@ -178,5 +185,6 @@ def measure_stage(
             "budget": why,
             "scenarios": scenarios,
             "machine_load": load.result,  # other processes' CPU, steal, load average while this stage was timed
+            "nonfinite_reference": nonfinite_reference,  # stage 0 only: NaN/inf in the reference outputs
         }
     return metrics, new_reference

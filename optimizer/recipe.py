@@ -6,15 +6,28 @@ including each pass's own config, so a typo in the last pass fails in a second, 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from optimizer.errors import RecipeError
 
 SOURCE_STAGE = "source"
+# Recipe, stage and scenario names become folder and file names: one safe rule, checked when the recipe loads.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def safe_name(value: str) -> str:
+    if not SAFE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value[:80]!r} is not a safe name: 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (names become folder names)"
+        )
+    return value
 
 
 class Strict(BaseModel):
@@ -72,8 +85,17 @@ ModelSource = Annotated[HFFolderSource | HFConfigSource | FactorySource | OnnxSo
 class InputSpec(Strict):
     name: str
     dtype: Literal["int64", "int32", "float32", "float16", "bool"] = "int64"
-    shape: list[int | str] = Field(description="ints are fixed; names are bound by each scenario")
+    shape: list[Annotated[int, Field(ge=0)] | str] = Field(
+        description="ints are fixed (0 is a legal empty dim); names are bound by each scenario"
+    )
     range: tuple[float, float] | None = Field(default=None, description="[low, high) for generated values")
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not (np.isfinite(v).all() and v[0] < v[1]):
+            raise ValueError(f"{list(v)} is not a finite range with low < high")
+        return v
     fill: Literal["random", "ones", "zeros"] = "random"
 
 
@@ -99,7 +121,7 @@ SCENARIO_PRESETS: dict[str, dict[str, Any]] = {
 
 
 class Scenario(Strict):
-    name: str
+    name: Annotated[str, AfterValidator(safe_name)]
     batch: int = Field(default=1, ge=1)
     seq: int = Field(default=128, ge=1, description="sequence length; the prompt length for generation")
     new_tokens: int = Field(default=32, ge=1, description="generation: tokens generated per task")
@@ -172,22 +194,27 @@ class AccuracyBudget(Strict):
         description="what the budget judges; default by task: token_agreement for generation, top1 for "
         "sequence-classification, else cosine on the positions the attention mask keeps",
     )
-    min: float | None = Field(default=None, description="for cosine, top1, agreement: the lowest acceptable value")
-    max: float | None = Field(default=None, description="for max_abs: the highest acceptable value")
+    # allow_inf_nan=False: `min: .nan` would compare false against everything and turn the gate off.
+    min: float | None = Field(
+        default=None, allow_inf_nan=False, description="for cosine, top1, agreement: the lowest acceptable value"
+    )
+    max: float | None = Field(
+        default=None, allow_inf_nan=False, description="for max_abs: the highest acceptable value"
+    )
     output: str | None = Field(default=None, description="output to judge; default: the first")
     samples: int = Field(default=4, ge=1, description="inputs per scenario compared with stage 0")
 
 
 class BatchSweep(Strict):
     stage: str = Field(default="best", description="stage to sweep; best: the fastest within the accuracy budget")
-    batches: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16], min_length=1)
+    batches: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 2, 4, 8, 16], min_length=1)
     latency_budget_ms: float = Field(gt=0, description="the P99 a batch may take")
     memory_budget_mb: float | None = Field(default=None, gt=0, description="default: half the memory available")
 
 
 class PassSpec(Strict):
     type: str
-    name: str | None = None
+    name: Annotated[str, AfterValidator(safe_name)] | None = None
     from_: str | None = Field(default=None, alias="from")
     config: dict[str, Any] = Field(default_factory=dict)
 
@@ -197,7 +224,7 @@ class PassSpec(Strict):
 
 
 class Recipe(Strict):
-    name: str
+    name: Annotated[str, AfterValidator(safe_name)]
     description: str = ""
     model: ModelSource
     inputs: list[InputSpec] = Field(default_factory=list)
@@ -298,7 +325,9 @@ def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None
     except ValidationError as e:
         err = e.errors()[0]
         # Drop the discriminated-union tag pydantic puts in the location (e.g. model.hf_folder.path).
-        loc = tuple(p for p in err["loc"] if p not in {"hf_folder", "hf_config", "factory", "onnx"})
+        # and the member tags of plain unions (a shape entry is `int | str`).
+        tags = {"hf_folder", "hf_config", "factory", "onnx", "constrained-int", "int", "str"}
+        loc = tuple(p for p in err["loc"] if p not in tags)
         raise RecipeError(path, _field_path(loc) or None, err["msg"]) from None
     recipe.base_dir = base_dir or Path(".")
     _check_structure(recipe, path)

@@ -140,6 +140,12 @@ def findings(report: dict[str, Any]) -> list[str]:
         ):
             out.append(f"{label} {st['status']}: {st['reason']}")
         m = st.get("metrics") or {}
+        if m.get("nonfinite_reference"):
+            out.append(
+                f"{label} produces NaN/inf in {m['nonfinite_reference']} output elements on the recipe's inputs: every "
+                "stage is compared against them, and NaN agrees with NaN, so accuracy figures cannot catch an error "
+                "there; check the inputs (ranges, masks) or the model"
+            )
         if m and not m.get("within_budget", True):
             out.append(f"{label} is REJECTED: accuracy outside the budget ({m.get('budget')})")
         for scen, sm in (m.get("scenarios") or {}).items():
@@ -256,7 +262,11 @@ def status_cell(stage: dict[str, Any], short: bool = False) -> str:
 
 
 def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
-    """One row per stage for one scenario, as strings; shared by the terminal table and report.md."""
+    """One row per stage for one scenario, as strings; shared by the terminal table and report.md. The accuracy
+    column shows the figure the budget judges (its metric), so the column and the verdict beside it agree."""
+    metric = report["settings"].get("accuracy_metric") or "cosine"
+    if metric not in ("cosine", "pooled_cosine", "top1"):
+        metric = "cosine"
     rows = []
     for st in report["stages"]:
         m = st.get("metrics") or {}
@@ -276,7 +286,7 @@ def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
                 "throughput": _fmt((sm.get("throughput") or {}).get("samples_per_s"), ".1f"),
                 "vs_parent": speed_cell(sm.get("vs_parent")),
                 "vs_source": "-" if vs0 is None else f"{vs0:.2f}x",
-                "cosine": "-" if not first else f"{first['cosine']:.6f}",
+                "cosine": "-" if not first else f"{first.get(metric, first['cosine']):.6f}",
                 "budget": "-" if not m else ("ok" if m.get("within_budget") else "REJECTED"),
                 "size_mb": "-" if size is None else f"{size / 2**20:.1f}",
                 "memory_mb": _fmt(m.get("memory_mb"), ".0f"),
@@ -314,6 +324,9 @@ def columns(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The table's columns: generation runs show TTFT/TPOT/tokens/s instead of one-shot latency; CUDA runs add
     kernels run / host launches per call."""
     cols = GENERATION_COLUMNS if report["recipe"].get("workload") == "generation" else COLUMNS
+    metric = report["settings"].get("accuracy_metric")
+    if metric in ("pooled_cosine", "top1"):
+        cols = [(k, metric if k == "cosine" else h) for k, h in cols]
     counted = any(
         "cuda_kernels" in sm
         for st in report["stages"]

@@ -93,7 +93,13 @@ class RunDir:
         return f"{index:02d}-{name}"
 
     def stage_dir(self, index: int, name: str) -> Path:
-        return self.root / self.folder_name(index, name)
+        """The stage's folder, which must be a direct child of the run folder (names are checked at load too)."""
+        path = self.root / self.folder_name(index, name)
+        if path.resolve().parent != self.root.resolve():
+            from optimizer.errors import OptimizerError
+
+            raise OptimizerError(f"stage name {name!r} would place its folder outside the run folder {self.root}")
+        return path
 
     def building_dir(self, index: int, name: str) -> Path:
         d = self.root / f".building-{self.folder_name(index, name)}"

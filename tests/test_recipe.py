@@ -122,3 +122,39 @@ def test_cli_passes_lists_every_pass() -> None:
     assert proc.returncode == 0
     for name in ("export", "ort_session"):
         assert name in proc.stdout
+
+
+@pytest.mark.parametrize("bad", ["../outside", "/tmp/abs", "a/b", "x\x00y", "a|b", "n" * 300, ".hidden", ""])
+def test_names_that_would_become_paths_are_refused(tmp_path: Path, bad: str) -> None:
+    """Stage, scenario and recipe names become folder names: one safe rule, checked when the recipe loads."""
+    expect_error(tmp_path, mlp_recipe(name=bad), "name", "not a safe name")
+    scenarios = [{"name": bad, "batch": 1}]
+    expect_error(tmp_path, mlp_recipe(scenarios=scenarios), "scenarios[0].name", "not a safe name")
+    passes = [{"type": "export", "name": bad}]
+    expect_error(tmp_path, mlp_recipe(passes=passes), "passes[0].name", "not a safe name")
+    assert not any(p.name.startswith(("outside", "abs")) for p in tmp_path.parent.iterdir())
+
+
+def test_run_folder_refuses_a_stage_folder_outside_it(tmp_path: Path) -> None:
+    from optimizer.errors import OptimizerError
+    from optimizer.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    assert run.stage_dir(3, "fuse") == tmp_path / "run" / "03-fuse"
+    with pytest.raises(OptimizerError, match="outside the run folder"):
+        run.stage_dir(3, "x/../../elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("patch", "field", "words"),
+    [
+        ({"accuracy": {"metric": "cosine", "min": float("nan")}}, "accuracy.min", "finite"),
+        ({"accuracy": {"metric": "max_abs", "max": float("inf")}}, "accuracy.max", "finite"),
+        ({"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", -16]}]}, "inputs[0].shape[1]", "greater"),
+        ({"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 16], "range": [1, 0]}]}, "inputs[0].range",
+         "low < high"),
+        ({"batch_sweep": {"batches": [4, 0], "latency_budget_ms": 10}}, "batch_sweep.batches[1]", "greater"),
+    ],
+)
+def test_numbers_that_cannot_be_numbers_are_refused(tmp_path: Path, patch: dict, field: str, words: str) -> None:
+    expect_error(tmp_path, mlp_recipe(**patch), field, words)

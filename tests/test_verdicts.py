@@ -400,3 +400,59 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
             m["vs_parent"][k] /= 3
     caught = regressions(diff_reports(reports[0], slowed), 5)
     assert any(line.startswith("ort_session on b1") for line in caught), caught
+
+
+def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_path: Path) -> None:
+    """Sqrt of inputs in [-1, 1]: stage 0 itself gives NaN, so NaN-agrees-with-NaN must not pass silently."""
+    from optimizer.bundle import export_bundle, verify_bundle
+    from optimizer.report import write_report
+
+    graph = helper.make_graph(
+        [helper.make_node("Sqrt", ["x"], ["y"])],
+        "sqrt",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "sqrt.onnx"))
+    data = {
+        "name": "sqrt",
+        "model": {"source": "onnx", "path": "sqrt.onnx"},
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 8]}],
+        "scenarios": [{"name": "b2", "batch": 2}],
+        "benchmark": FAST_BENCH,
+        "passes": [{"type": "ort_session"}],
+    }
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = Pipeline(recipe, tmp_path / "run").execute()
+    report = write_report(recipe, records, tmp_path / "run", 1.0)
+    assert any("source (source) produces NaN/inf" in f for f in report["findings"]), report["findings"]
+    bundle = export_bundle(report, "ort_session", "onnx", tmp_path / "bundle")
+    assert any("contain NaN/inf" in p for p in verify_bundle(bundle))
+
+
+def test_verify_reads_only_inside_the_bundle_and_reports_strays(tmp_path: Path) -> None:
+    import json
+
+    from optimizer.bundle import export_bundle, verify_bundle
+    from optimizer.errors import OptimizerError
+    from optimizer.report import write_report
+
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
+    report = write_report(recipe, Pipeline(recipe, tmp_path / "run").execute(), tmp_path / "run", 1.0)
+    bundle = export_bundle(report, "ort_session", "onnx", tmp_path / "bundle")
+    assert verify_bundle(bundle) == []
+    (bundle / "extra.bin").write_bytes(b"x")
+    assert verify_bundle(bundle) == ["extra.bin: not in the manifest (added after export?)"]
+    (bundle / "extra.bin").unlink()
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    outside = tmp_path / "evil.onnx"
+    outside.write_bytes((bundle / "model.onnx").read_bytes())
+    manifest["model"] = "../evil.onnx"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_bundle(bundle) == ["../evil.onnx: outside the bundle; a manifest may name only files inside it"]
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(OptimizerError, match="exists and is a file"):
+        export_bundle(report, "ort_session", "onnx", tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "mine"
