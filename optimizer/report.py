@@ -240,8 +240,10 @@ def tail_note(report: dict[str, Any]) -> str | None:
     ]
     if not unresolved:
         return None
+    lo, hi = min(unresolved), max(unresolved)
+    calls = f"{lo}" if lo == hi else f"{lo}-{hi}"
     return (
-        f"P99 n.r.: not resolved. {min(unresolved)}-{max(unresolved)} calls cannot bound a P99 (its 95% interval "
+        f"P99 n.r.: not resolved. {calls} calls cannot bound a P99 (its 95% interval "
         f"needs at least {calls_to_resolve(0.99)}); set `benchmark: {{resolve_tail: true}}` to take enough."
     )
 
