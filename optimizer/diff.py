@@ -82,6 +82,7 @@ def _stages(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     sa, sb = _stages(a), _stages(b)
+    metric = (b.get("settings") or {}).get("accuracy_metric")
     names = [n for n in sb if n in sa]
     scenarios = [s["name"] for s in b["scenarios"] if s["name"] in {x["name"] for x in a["scenarios"]}]
 
@@ -151,7 +152,8 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                     vs_source_b=(sb[name].get("vs_source") or {}).get(scen),
                 )
                 row.update(
-                    cosine_a=_accuracy(sa[name].get("metrics") or {}), cosine_b=_accuracy(sb[name].get("metrics") or {})
+                    cosine_a=_accuracy(sa[name].get("metrics") or {}, metric),
+                    cosine_b=_accuracy(sb[name].get("metrics") or {}, metric),
                 )
             rows.append(row)
     final = next(
@@ -216,10 +218,13 @@ def _cell(r: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _accuracy(metrics: dict[str, Any]) -> float | None:
-    """The accuracy figure a reader compares: greedy token agreement for generation (the logits cosine before
-    the first divergence can stay high while the tokens differ), the cosine otherwise."""
+def _accuracy(metrics: dict[str, Any], metric: str | None = None) -> float | None:
+    """The accuracy figure a reader compares: the one the budget judges when the run names it (pooled cosine,
+    top-1), greedy token agreement for generation (the logits cosine before the first divergence can stay high
+    while the tokens differ), the cosine otherwise."""
     first = next(iter((metrics.get("accuracy") or {}).values()), {})
+    if metric and first.get(metric) is not None and metric != "max_abs":
+        return first[metric]
     return first.get("token_agreement", first.get("cosine"))
 
 
