@@ -17,4 +17,6 @@ for v in 10.13.3.9 11.4.0.106; do
   ls .cache/api-wheels/tensorrt_cu12_bindings-$v-*.whl >/dev/null 2>&1 \
     || python -m pip download -q --no-deps --only-binary=:all: -d .cache/api-wheels "tensorrt-cu12-bindings==$v"
 done
+# What onnxruntime-gpu offers (its Python API, the option keys in its binaries), recorded without installing it.
+[ -f .cache/api-wheels/onnxruntime-gpu.json ] || python scripts/ort_gpu_surface.py
 python -c "import torch, onnx, onnxruntime; print('setup ok: torch', torch.__version__, '| onnx', onnx.__version__, '| onnxruntime', onnxruntime.__version__)"

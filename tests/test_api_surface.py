@@ -201,3 +201,40 @@ def test_nvml_names_exist() -> None:
     assert {"nvmlInit", "nvmlShutdown", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetPowerUsage"} <= used
     missing = [n for n in sorted(used) if not callable(getattr(pynvml, n, None))]
     assert missing == [], f"nvidia-ml-py lacks {missing}"
+
+
+def test_onnxruntime_gpu_offers_what_we_call() -> None:
+    """Against the onnxruntime-gpu wheel itself (recorded by scripts/ort_gpu_surface.py from its Python source and
+    binaries): the IO-binding methods, and every CUDA provider and run option key the runner passes."""
+    import re
+
+    from optimizer.runners.ort_runner import CUDA_PROVIDER_KEYS, CUDA_RUN_KEYS
+
+    path = WHEELS / "onnxruntime-gpu.json"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run scripts/setup.sh")
+    surface = json.loads(path.read_text())
+    api = surface["python_api"]
+    for cls, names in {
+        "IOBinding": ["bind_ortvalue_input", "bind_output", "copy_outputs_to_cpu"],
+        "Session": ["io_binding", "run_with_iobinding", "get_providers"],
+        "OrtValue": ["ortvalue_from_numpy", "update_inplace"],
+    }.items():
+        missing = [n for n in names if n not in api.get(cls, [])]
+        assert not missing, f"onnxruntime-gpu {surface['version']} {cls} lacks {missing}"
+    assert all(surface["keys"].values()), f"keys missing from onnxruntime-gpu: {surface['keys']}"
+    source = (ROOT / "optimizer" / "runners" / "ort_runner.py").read_text()
+    assert set(re.findall(r'add_run_config_entry\("(\w+)"', source)) <= set(CUDA_RUN_KEYS)
+    assert set(CUDA_PROVIDER_KEYS) | set(CUDA_RUN_KEYS) == set(surface["keys"])
+
+
+def test_provider_options_are_the_checked_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from optimizer.runners.ort_runner import CUDA_PROVIDER_KEYS, providers_for
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=1))
+    (_, options), _ = providers_for({}, "cuda")
+    assert set(options) <= set(CUDA_PROVIDER_KEYS)

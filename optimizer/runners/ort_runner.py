@@ -175,6 +175,12 @@ class OrtCudaSession(OrtSession):
         }
 
 
+# The CUDA provider and run option keys this module passes to onnxruntime-gpu; tests/test_api_surface.py checks
+# each against the GPU wheel's own binaries (an unknown key is ignored or rejected at run time, on a GPU only).
+CUDA_PROVIDER_KEYS = ("enable_cuda_graph", "has_user_compute_stream", "user_compute_stream")
+CUDA_RUN_KEYS = ("gpu_graph_id",)
+
+
 def providers_for(runtime: dict[str, Any], device: str) -> list[Any]:
     """ORT providers for a device. On CUDA, ORT computes on torch's current stream (`user_compute_stream`), so
     the CUDA events the harness records there time ORT's kernels, not an idle stream beside them."""
