@@ -266,7 +266,7 @@ def status_cell(stage: dict[str, Any], short: bool = False) -> str:
 def stage_rows(report: dict[str, Any], scenario: str) -> list[dict[str, str]]:
     """One row per stage for one scenario, as strings; shared by the terminal table and report.md. The accuracy
     column shows the figure the budget judges (its metric), so the column and the verdict beside it agree."""
-    metric = report["settings"].get("accuracy_metric") or "cosine"
+    metric = (report.get("settings") or {}).get("accuracy_metric") or "cosine"
     if metric not in ("cosine", "pooled_cosine", "top1"):
         metric = "cosine"
     rows = []
@@ -326,7 +326,7 @@ def columns(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The table's columns: generation runs show TTFT/TPOT/tokens/s instead of one-shot latency; CUDA runs add
     kernels run / host launches per call."""
     cols = GENERATION_COLUMNS if report["recipe"].get("workload") == "generation" else COLUMNS
-    metric = report["settings"].get("accuracy_metric")
+    metric = (report.get("settings") or {}).get("accuracy_metric")
     if metric in ("pooled_cosine", "top1"):
         cols = [(k, metric if k == "cosine" else h) for k, h in cols]
     counted = any(
