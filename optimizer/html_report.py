@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -264,7 +265,8 @@ def to_html(report: dict[str, Any]) -> str:
         f"{_esc(', '.join(f'{k} {v}' for k, v in r['environment']['packages'].items()))}</p>",
     ]
     if (r.get("best") or {}).get("stage"):
-        parts.append(f"<p><b>Best stage</b>: {_esc(r['best']['why'])}.</p>")
+        why = re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(r["best"]["why"]))  # the sentence is written for markdown
+        parts.append(f"<p><b>Best stage</b>: {why}.</p>")
     if r.get("findings"):
         parts.append(
             "<h2>Findings</h2><ul class='findings'>" + "".join(f"<li>{_esc(f)}</li>" for f in r["findings"]) + "</ul>"
