@@ -216,6 +216,7 @@ class Pipeline:
             self.feeds.input_names,
             self.recipe.outputs,
             self.feeds_key,
+            self._input_files_digest(),
         )
         folder = self.run.stage_dir(0, rec.name)
         info = rd.read_json(folder / rd.STAGE_FILE) if self.use_cache else None
@@ -230,6 +231,29 @@ class Pipeline:
             rd.write_json(folder / rd.STAGE_FILE, {"key": rec.key, "status": "ran", "artifact": rec.artifact.to_json()})
             rec.status = "ran"
         rec.folder, rec.measured_against = folder.name, rec.name
+
+    def _input_files_digest(self) -> list[str]:
+        """sha256 of the files the recipe reads by path (an ONNX source and its external data, the data file):
+        a file replaced in place under the same name must not be served from the cache."""
+        from optimizer.artifact import file_sha256
+        from optimizer.recipe import OnnxSource
+
+        paths = []
+        if isinstance(self.recipe.model, OnnxSource):
+            model = self.recipe.resolve(self.recipe.model.path)
+            paths.append(model)
+            paths += sorted(p for p in model.parent.glob("*.data") if p.is_file())
+        if self.recipe.data_file:
+            paths.append(self.recipe.resolve(self.recipe.data_file))
+        return [f"{p.name}:{file_sha256(p)}" for p in paths if p.is_file()]
+
+    @staticmethod
+    def _intact(artifact: Artifact, recorded: dict[str, int] | None) -> bool:
+        """A cached stage's files are all there with the sizes they were written with."""
+        files = artifact.files()
+        if not all(f.is_file() for f in files):
+            return False
+        return recorded is None or all(recorded.get(f.name) == f.stat().st_size for f in files)
 
     def _pass(self, rec: StageRecord) -> None:
         spec = self.recipe.passes[rec.index - 1]
@@ -250,6 +274,12 @@ class Pipeline:
         rec.key = rd.content_hash(parent.key, spec.type, cls.version, config, self.feeds_key, self.recipe.target.device)
         cached = self.run.find_cached(rec.key) if self.use_cache else None
         if cached is not None:
+            info = rd.read_json(cached / rd.STAGE_FILE) or {}
+            if not self._intact(self._relocate(Artifact.from_json(info["artifact"]), cached), info.get("file_sizes")):
+                rec.notes["cache"] = f"cached folder {cached.name} was incomplete or changed: rebuilt"
+                shutil.rmtree(cached, ignore_errors=True)
+                cached = None
+        if cached is not None:
             folder = self.run.place(cached, rec.index, rec.name)
             info = rd.read_json(folder / rd.STAGE_FILE) or {}
             rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
@@ -269,7 +299,8 @@ class Pipeline:
                 shutil.rmtree(building, ignore_errors=True)  # a half-built stage is never kept
                 raise
             rec.pass_seconds = time.perf_counter() - start
-            rec.notes = dict(result.notes)
+            rebuilt = rec.notes.get("cache")
+            rec.notes = dict(result.notes) | ({"cache": rebuilt} if rebuilt else {})
             info = {
                 "key": rec.key,
                 "status": "ran",
@@ -278,6 +309,7 @@ class Pipeline:
                 "artifact": self._portable(result.artifact, building),
                 "notes": rec.notes,
                 "pass_seconds": rec.pass_seconds,
+                "file_sizes": {f.name: f.stat().st_size for f in result.artifact.files() if f.is_file()},
             }
             rd.write_json(building / rd.STAGE_FILE, info)
             folder = self.run.place(building, rec.index, rec.name)

@@ -372,14 +372,16 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
     from optimizer.diff import diff_reports, regressions
     from optimizer.report import build_report
 
-    sensitive_chain(tmp_path / "chain.onnx", layers=6, width=512)
+    sensitive_chain(tmp_path / "chain.onnx", layers=6, width=1024)
     data = {
         "name": "chain",
         "model": {"source": "onnx", "path": "chain.onnx"},
-        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 512]}],
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 1024]}],
         "scenarios": [{"name": "b1", "batch": 1}, {"name": "b8", "batch": 8}],
         "target": {"device": "cpu", "threads": 1},
-        "benchmark": {**FAST_BENCH, "rounds": 8},
+        # The harness's own settle (50 ms): ORT's spinning threads slow the other session's next calls for tens
+        # of ms, which a 5 ms settle leaves in the ratios of sub-millisecond calls.
+        "benchmark": {**FAST_BENCH, "rounds": 10, "iterations": 10, "settle_ms": 50},
         "passes": [
             {"type": "ort_session", "name": "ort_basic", "config": {"graph_optimization_level": "basic"}},
             {"type": "ort_session", "from": "source"},
@@ -456,3 +458,33 @@ def test_verify_reads_only_inside_the_bundle_and_reports_strays(tmp_path: Path) 
     with pytest.raises(OptimizerError, match="exists and is a file"):
         export_bundle(report, "ort_session", "onnx", tmp_path / "afile")
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_cache_follows_file_content_and_rebuilds_damaged_stages(tmp_path: Path) -> None:
+    """An ONNX source replaced in place is not served from the cache; a stage whose model file was deleted or
+    truncated is rebuilt, and says so."""
+    sensitive_chain(tmp_path / "chain.onnx", layers=3, width=16)
+    data = {
+        "name": "chain",
+        "model": {"source": "onnx", "path": "chain.onnx"},
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 16]}],
+        "scenarios": [{"name": "b2", "batch": 2}],
+        "benchmark": FAST_BENCH,
+        "passes": [{"type": "ort_session"}],
+    }
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    out = tmp_path / "run"
+    first = Pipeline(recipe, out).execute()
+    again = Pipeline(recipe, out).execute()
+    assert [r.status for r in again] == ["cached", "cached"]
+    sensitive_chain(tmp_path / "chain.onnx", layers=4, width=16)  # same path, new bytes
+    replaced = Pipeline(recipe, out).execute()
+    assert replaced[0].status == "ran" and replaced[1].status == "ran"
+    assert replaced[1].metrics["graph"]["nodes"] != first[1].metrics["graph"]["nodes"]
+    model = replaced[1].artifact.path
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])  # truncated
+    rebuilt = Pipeline(recipe, out).execute()
+    assert rebuilt[1].status == "ran" and "rebuilt" in rebuilt[1].notes.get("cache", "")
+    rebuilt[1].artifact.path.unlink()  # deleted
+    again = Pipeline(recipe, out).execute()
+    assert again[1].status == "ran" and "rebuilt" in again[1].notes.get("cache", "")
