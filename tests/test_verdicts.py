@@ -203,12 +203,7 @@ def disagreeing_report() -> dict[str, Any]:
         _stage(3, "b", "export", 1.2, 8.0),
         _stage(4, "c", "export", 3.0, 6.0, within=False),
     ]
-    report = {"scenarios": [{"name": "b1", "batch": 1, "seq": 1}], "stages": stages}
-    from optimizer.report import chained_speedups  # noqa: F401 - the report's own chaining is what best reads
-
-    for st in stages:
-        st["vs_source"] = {}
-    return report
+    return {"scenarios": [{"name": "b1", "batch": 1, "seq": 1}], "stages": stages}
 
 
 def test_best_follows_the_chained_ratios_not_raw_p50s_everywhere(tmp_path: Path) -> None:
@@ -301,6 +296,22 @@ def test_a_slower_child_reads_below_one_with_its_finding(tmp_path: Path, monkeyp
     assert report["best"]["stage"] == "export"
 
 
+def onnx_recipe(
+    file: str, width: int, scenarios: list[dict[str, Any]], passes: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    """A recipe over an ONNX file with one float input x of [batch, width] (the graphs these tests build)."""
+    return {
+        "name": Path(file).stem,
+        "model": {"source": "onnx", "path": file},
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", width]}],
+        "scenarios": scenarios,
+        "target": {"device": "cpu", "threads": 1},
+        "benchmark": FAST_BENCH,
+        "passes": passes,
+        **extra,
+    }
+
+
 # ---------------------------------------------------------------- the hybrid keeps exactly the sensitive nodes
 SENSITIVE = (2, 5, 8)
 
@@ -339,25 +350,11 @@ def sensitive_chain(path: Path, layers: int = 10, width: int = 64) -> list[str]:
 
 def test_hybrid_keeps_exactly_the_sensitive_matmuls_in_fp32(tmp_path: Path) -> None:
     sensitive = sensitive_chain(tmp_path / "chain.onnx")
-    data = {
-        "name": "chain",
-        "model": {"source": "onnx", "path": "chain.onnx"},
-        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 64]}],
-        "scenarios": [{"name": "b4", "batch": 4}],
-        "target": {"device": "cpu", "threads": 1},
-        "benchmark": FAST_BENCH,
-        "accuracy": {"min": 0.999, "samples": 2},
-        "passes": [
-            {
-                "type": "quantize",
-                "config": {
-                    "mode": "hybrid",
-                    "calibration": {"samples": 8},
-                    "hybrid": {"choose": "most_int8", "margin": 0.0},
-                },
-            }
-        ],
-    }
+    hybrid = {"mode": "hybrid", "calibration": {"samples": 8}, "hybrid": {"choose": "most_int8", "margin": 0.0}}
+    data = onnx_recipe(
+        "chain.onnx", 64, [{"name": "b4", "batch": 4}], [{"type": "quantize", "config": hybrid}],
+        accuracy={"min": 0.999, "samples": 2},
+    )
     records = Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "out").execute()
     q = records[-1]
     assert q.ok, q.reason
@@ -373,21 +370,16 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
     from optimizer.report import build_report
 
     sensitive_chain(tmp_path / "chain.onnx", layers=6, width=1024)
-    data = {
-        "name": "chain",
-        "model": {"source": "onnx", "path": "chain.onnx"},
-        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 1024]}],
-        "scenarios": [{"name": "b1", "batch": 1}, {"name": "b8", "batch": 8}],
-        "target": {"device": "cpu", "threads": 1},
-        # The harness's own settle (50 ms): ORT's spinning threads slow the other session's next calls for tens
-        # of ms, which a 5 ms settle leaves in the ratios of sub-millisecond calls.
-        "benchmark": {**FAST_BENCH, "rounds": 10, "iterations": 10, "settle_ms": 50},
-        "passes": [
-            {"type": "ort_session", "name": "ort_basic", "config": {"graph_optimization_level": "basic"}},
-            {"type": "ort_session", "from": "source"},
-            {"type": "ort_session", "name": "ort_extended", "config": {"graph_optimization_level": "extended"}},
-        ],
-    }
+    passes = [
+        {"type": "ort_session", "name": "ort_basic", "config": {"graph_optimization_level": "basic"}},
+        {"type": "ort_session", "from": "source"},
+        {"type": "ort_session", "name": "ort_extended", "config": {"graph_optimization_level": "extended"}},
+    ]
+    # The harness's own settle (50 ms): ORT's spinning threads slow the other session's next calls for tens of
+    # ms, which a 5 ms settle leaves in the ratios of sub-millisecond calls.
+    bench = {**FAST_BENCH, "rounds": 10, "iterations": 10, "settle_ms": 50}
+    data = onnx_recipe("chain.onnx", 1024, [{"name": "b1", "batch": 1}, {"name": "b8", "batch": 8}], passes,
+                       benchmark=bench)
     reports = []
     for run in ("a", "b"):
         recipe = load_recipe(write_recipe(tmp_path, data))
@@ -418,14 +410,7 @@ def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_pa
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(tmp_path / "sqrt.onnx"))
-    data = {
-        "name": "sqrt",
-        "model": {"source": "onnx", "path": "sqrt.onnx"},
-        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 8]}],
-        "scenarios": [{"name": "b2", "batch": 2}],
-        "benchmark": FAST_BENCH,
-        "passes": [{"type": "ort_session"}],
-    }
+    data = onnx_recipe("sqrt.onnx", 8, [{"name": "b2", "batch": 2}], [{"type": "ort_session"}])
     recipe = load_recipe(write_recipe(tmp_path, data))
     records = Pipeline(recipe, tmp_path / "run").execute()
     report = write_report(recipe, records, tmp_path / "run", 1.0)
@@ -464,14 +449,7 @@ def test_cache_follows_file_content_and_rebuilds_damaged_stages(tmp_path: Path) 
     """An ONNX source replaced in place is not served from the cache; a stage whose model file was deleted or
     truncated is rebuilt, and says so."""
     sensitive_chain(tmp_path / "chain.onnx", layers=3, width=16)
-    data = {
-        "name": "chain",
-        "model": {"source": "onnx", "path": "chain.onnx"},
-        "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 16]}],
-        "scenarios": [{"name": "b2", "batch": 2}],
-        "benchmark": FAST_BENCH,
-        "passes": [{"type": "ort_session"}],
-    }
+    data = onnx_recipe("chain.onnx", 16, [{"name": "b2", "batch": 2}], [{"type": "ort_session"}])
     recipe = load_recipe(write_recipe(tmp_path, data))
     out = tmp_path / "run"
     first = Pipeline(recipe, out).execute()
