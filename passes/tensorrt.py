@@ -3,16 +3,19 @@
 Precision comes from the graph, never from builder flags: TensorRT 11 removed the FP16/INT8 flags and the INT8
 calibrator, and strong typing is always on; on TensorRT 10 the network is created strongly typed, which builds
 the same engine. So an FP16 graph (quantize mode fp16) gives an FP16 engine and a QDQ graph (int8_static) an
-INT8 one. One optimization profile covers every scenario (min/opt/max from optimizer.gpu.profiles). The timing
-cache lives in the run folder and is reused by later builds. engine.json beside the engine records the
-TensorRT version, GPU, compute capability, hardware compatibility, profiles and precision: an engine only runs
-on the TensorRT version and GPU family it was built for.
+INT8 one. The engine is built with Polygraphy's loaders and checked against ONNX Runtime on the graph it came
+from with Polygraphy's comparator (recorded in engine.json; the budget is judged by the harness). One
+optimization profile covers every scenario (min/opt/max from optimizer.gpu.profiles). The timing cache lives
+in the run folder and is reused by later builds. engine.json beside the engine records the TensorRT version,
+GPU, compute capability, hardware compatibility, profiles and precision: an engine only runs on the TensorRT
+version and GPU family it was built for.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -27,6 +30,9 @@ class TensorRTConfig(PassConfig):
     workspace_gb: float = Field(default=4.0, gt=0, description="workspace memory pool limit")
     timing_cache: bool = Field(default=True, description="keep and reuse timing.cache in the run folder")
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    cross_check: bool = Field(
+        default=True, description="check the engine against ONNX Runtime on its source graph (Polygraphy comparator)"
+    )
 
 
 def input_shapes(model: Any, recipe: Any) -> dict[str, list[int | str]]:
@@ -71,6 +77,7 @@ class TensorRTPass(Pass):
     summary = "TensorRT engine build (10 and 11; precision from the graph: FP16 or explicit Q/DQ)"
     Config = TensorRTConfig
     consumes = frozenset({"onnx"})
+    version = 2  # 2: built through Polygraphy, cross-checked against ONNX Runtime
 
     @classmethod
     def environment_reason(cls) -> str | None:
@@ -93,61 +100,99 @@ class TensorRTPass(Pass):
         import tensorrt as trt
 
         from optimizer import onnx_io
-        from optimizer.gpu import device_summary, tensorrt_major
+        from optimizer.gpu import device_summary
         from optimizer.gpu.profiles import derive_profiles, precision_summary
 
         cfg: TensorRTConfig = self.config  # type: ignore[assignment]
         assert artifact.path is not None
-        logger = trt.Logger(trt.Logger.WARNING)
-        builder = trt.Builder(logger)
-        flags = 0
-        if tensorrt_major() < 11:  # 11 is always strongly typed; 10 must be asked
-            flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        network = builder.create_network(flags)
-        parser = trt.OnnxParser(network, logger)
-        if not parser.parse_from_file(str(artifact.path)):
-            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise PassError(ctx.stage_name, f"TensorRT's ONNX parser rejected the graph: {errors}", ctx.done)
-        config = builder.create_builder_config()
-        config.builder_optimization_level = cfg.optimization_level
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(cfg.workspace_gb * 2**30))
-        if cfg.hardware_compatibility != "none":
-            config.hardware_compatibility_level = getattr(
-                trt.HardwareCompatibilityLevel, cfg.hardware_compatibility.upper()
-            )
-        config.progress_monitor = progress_monitor(trt, ctx.progress)
         graph_only = onnx_io.load(artifact.path, with_weights=False)
         profiles = derive_profiles(input_shapes(graph_only, ctx.recipe), [s.bindings() for s in ctx.recipe.scenarios])
-        profile = builder.create_optimization_profile()
-        for name, shapes in profiles.items():
-            profile.set_shape(name, shapes["min"], shapes["opt"], shapes["max"])
-        config.add_optimization_profile(profile)
-        cache_path = ctx.stage_dir.parent / "timing.cache"
-        cache = config.create_timing_cache(
-            cache_path.read_bytes() if cfg.timing_cache and cache_path.is_file() else b""
-        )
-        config.set_timing_cache(cache, ignore_mismatch=False)
         start = time.perf_counter()
-        serialized = builder.build_serialized_network(network, config)
-        if serialized is None:
-            raise PassError(ctx.stage_name, "TensorRT could not build an engine (see its log above)", ctx.done)
+        serialized = build_engine(trt, artifact.path, profiles, cfg, ctx)
         engine_path = ctx.stage_dir / "engine.plan"
         engine_path.write_bytes(bytes(serialized))
-        if cfg.timing_cache:
-            cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
         full = onnx_io.load(artifact.path)
         fp16 = sum(1 for t in full.graph.initializer if t.data_type == 10)
+        precision = precision_summary(onnx_io.op_histogram(artifact.path), fp16)
         meta = {
             "tensorrt": trt.__version__,
             **device_summary(),
             "build_seconds": time.perf_counter() - start,
+            "built_with": "polygraphy loaders",
             "optimization_level": cfg.optimization_level,
             "hardware_compatibility": cfg.hardware_compatibility,
             "strongly_typed": True,
             "profiles": {k: {kk: list(vv) for kk, vv in v.items()} for k, v in profiles.items()},
-            "precision": precision_summary(onnx_io.op_histogram(artifact.path), fp16),
+            "precision": precision,
             "source_graph": artifact.path.name,
         }
+        if cfg.cross_check:
+            meta["cross_check"] = engine_cross_check(artifact.path, engine_path, ctx, precision)
         (ctx.stage_dir / "engine.json").write_text(json.dumps(meta, indent=2))
         out = Artifact("trt_engine", engine_path, {"cuda_graph": False}, {**artifact.meta, "engine": meta})
         return PassResult(out, modified=True, notes=meta)
+
+
+# Keywords handed to Polygraphy's loaders (checked against the installed version in the tests).
+NETWORK_KEYWORDS = {"strongly_typed"}
+CONFIG_KEYWORDS = {
+    "profiles", "builder_optimization_level", "memory_pool_limits", "hardware_compatibility_level",
+    "load_timing_cache", "progress_monitor",
+}
+
+
+def build_engine(trt: Any, onnx_path: Path, profiles: dict[str, dict[str, tuple[int, ...]]], cfg: TensorRTConfig,
+                 ctx: PassContext) -> bytes:
+    """The serialized engine, built with Polygraphy's loaders (network from the ONNX file, builder config, engine
+    bytes): the same code path `polygraphy convert` takes, kept by NVIDIA across TensorRT majors. Polygraphy's
+    log goes to polygraphy.log in the stage folder; a failed parse or build is one PassError quoting its errors."""
+    import polygraphy.backend.trt as pg
+    from polygraphy.exception import PolygraphyException
+
+    from optimizer.crosscheck import logged_errors, quiet_polygraphy
+    from optimizer.gpu import tensorrt_major
+
+    profile = pg.Profile()
+    for name, shapes in profiles.items():
+        profile.add(name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
+    cache_path = ctx.stage_dir.parent / "timing.cache"
+    # TensorRT 11 is always strongly typed (and deprecates the flag); 10 must be asked.
+    network = pg.NetworkFromOnnxPath(str(onnx_path), strongly_typed=tensorrt_major() < 11)
+    hardware = None
+    if cfg.hardware_compatibility != "none":
+        hardware = getattr(trt.HardwareCompatibilityLevel, cfg.hardware_compatibility.upper())
+    config = pg.CreateConfig(
+        profiles=[profile],
+        builder_optimization_level=cfg.optimization_level,
+        memory_pool_limits={trt.MemoryPoolType.WORKSPACE: int(cfg.workspace_gb * 2**30)},
+        hardware_compatibility_level=hardware,
+        load_timing_cache=str(cache_path) if cfg.timing_cache and cache_path.is_file() else None,
+        progress_monitor=progress_monitor(trt, ctx.progress),
+    )
+    log = ctx.stage_dir / "polygraphy.log"
+    try:
+        with quiet_polygraphy(log):
+            build = pg.EngineBytesFromNetwork(
+                network, config=config, save_timing_cache=str(cache_path) if cfg.timing_cache else None
+            )
+            serialized = build()
+    except PolygraphyException as e:
+        errors = "; ".join(logged_errors(log)) or str(e)
+        raise PassError(ctx.stage_name, f"TensorRT could not build an engine: {errors}", ctx.done) from None
+    if not serialized:
+        raise PassError(ctx.stage_name, f"TensorRT could not build an engine (see {log})", ctx.done)
+    return serialized
+
+
+# Elementwise tolerances of the cross-runtime check, by the precision the engine runs.
+CROSS_CHECK_TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "int8": 5e-2}
+
+
+def engine_cross_check(onnx_path: Path, engine_path: Path, ctx: PassContext, precision: str) -> dict[str, Any]:
+    """The engine against ONNX Runtime (CPU) on the graph it was built from, one feed per scenario, with
+    Polygraphy's comparator. Recorded, not gated: the accuracy budget is judged by the harness on every stage."""
+    from optimizer.crosscheck import cross_check, onnxruntime_runner, tensorrt_runner
+
+    tolerance = CROSS_CHECK_TOLERANCE[precision.split(" ")[0]]
+    feeds = [dict(sf.timing) for sf in ctx.feeds]
+    return cross_check(onnxruntime_runner(onnx_path), tensorrt_runner(engine_path), feeds, tolerance, tolerance)

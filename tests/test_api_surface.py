@@ -25,8 +25,25 @@ TRT_SOURCES = [ROOT / "passes" / "tensorrt.py", ROOT / "optimizer" / "runners" /
 
 # Members of TensorRT objects the project uses on instances (not reachable from `trt.` statically), by class.
 TRT_MEMBERS = {
+    "IProgressMonitor": ["phase_start", "step_complete", "phase_finish"],
+    "ICudaEngine": [
+        "get_tensor_name",
+        "num_io_tensors",
+        "get_tensor_mode",
+        "get_tensor_dtype",
+        "create_execution_context",
+    ],
+    "IExecutionContext": ["set_input_shape", "get_tensor_shape", "set_tensor_address", "execute_async_v3"],
+    "TensorIOMode": ["INPUT", "OUTPUT"],
+    "MemoryPoolType": ["WORKSPACE"],
+    "HardwareCompatibilityLevel": ["AMPERE_PLUS", "SAME_COMPUTE_CAPABILITY"],
+    "DataType": ["FLOAT", "HALF", "BF16", "INT8", "UINT8", "INT32", "INT64", "BOOL"],
+}
+# What Polygraphy's loaders call, unguarded, on the path we take (NetworkFromOnnxPath -> CreateConfig ->
+# EngineBytesFromNetwork; EngineFromPath), read from polygraphy/backend/trt/{loader,config,util}.py 0.53.
+TRT_THROUGH_POLYGRAPHY = {
     "Builder": ["create_network", "create_builder_config", "create_optimization_profile", "build_serialized_network"],
-    "OnnxParser": ["parse_from_file", "get_error", "num_errors"],
+    "OnnxParser": ["parse_from_file", "get_error", "num_errors", "flags"],
     "IBuilderConfig": [
         "builder_optimization_level",
         "set_memory_pool_limit",
@@ -36,28 +53,23 @@ TRT_MEMBERS = {
         "create_timing_cache",
         "set_timing_cache",
         "get_timing_cache",
+        "profiling_verbosity",
     ],
-    "ITimingCache": ["serialize"],
+    "ITimingCache": ["serialize", "combine"],
     "IOptimizationProfile": ["set_shape"],
-    "IProgressMonitor": ["phase_start", "step_complete", "phase_finish"],
     "Runtime": ["deserialize_cuda_engine"],
-    "ICudaEngine": [
-        "get_tensor_name",
-        "num_io_tensors",
-        "get_tensor_mode",
-        "get_tensor_dtype",
-        "create_execution_context",
-    ],
-    "IExecutionContext": ["set_input_shape", "get_tensor_shape", "set_tensor_address", "execute_async_v3"],
-    "Logger": ["WARNING"],
-    "TensorIOMode": ["INPUT", "OUTPUT"],
-    "MemoryPoolType": ["WORKSPACE"],
-    "HardwareCompatibilityLevel": ["AMPERE_PLUS", "SAME_COMPUTE_CAPABILITY"],
+    "ILogger": ["log"],
+    "Logger": ["INTERNAL_ERROR", "ERROR", "WARNING", "INFO", "VERBOSE"],
     "NetworkDefinitionCreationFlag": ["STRONGLY_TYPED"],
-    "DataType": ["FLOAT", "HALF", "BF16", "INT8", "UINT8", "INT32", "INT64", "BOOL"],
+    "ProfilingVerbosity": ["DETAILED"],
+    "": ["init_libnvinfer_plugins"],
 }
-# Keywords the project passes, by "Class.method".
-TRT_KEYWORDS = {"IBuilderConfig.set_timing_cache": ["ignore_mismatch"]}
+# Keywords Polygraphy passes on our path, by "Class.method".
+TRT_KEYWORDS = {
+    "IBuilderConfig.set_timing_cache": ["ignore_mismatch"],
+    "ITimingCache.combine": ["ignore_mismatch"],
+    "Builder.create_network": ["flags"],
+}
 
 STUB = """
 void *createInferBuilder_INTERNAL(void *l, int v) { return 0; }
@@ -88,7 +100,7 @@ for chain in spec["chains"]:
         obj = getattr(obj, part)
 for cls, members in spec["members"].items():
     for m in members:
-        if not hasattr(getattr(trt, cls, None), m):
+        if not hasattr(getattr(trt, cls, None) if cls else trt, m):
             missing.append(f"{cls}.{m}")
 for method, kws in spec["keywords"].items():
     cls, name = method.split(".")
@@ -144,8 +156,11 @@ def _bindings(major: int, tmp: Path) -> tuple[Path, Path]:
 def test_tensorrt_api_used_exists_in_each_major(major: int, tmp_path: Path) -> None:
     site, stubs = _bindings(major, tmp_path)
     chains = trt_chains()
-    assert {"Builder", "OnnxParser", "Logger.WARNING", "TensorIOMode.INPUT"} <= chains  # the scan sees our calls
-    spec = {"major": major, "chains": sorted(chains), "members": TRT_MEMBERS, "keywords": TRT_KEYWORDS}
+    assert {"MemoryPoolType.WORKSPACE", "IProgressMonitor", "TensorIOMode.INPUT"} <= chains  # the scan sees our calls
+    members = {**TRT_MEMBERS}
+    for cls, names in TRT_THROUGH_POLYGRAPHY.items():
+        members[cls] = members.get(cls, []) + names
+    spec = {"major": major, "chains": sorted(chains), "members": members, "keywords": TRT_KEYWORDS}
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, str(stubs), str(site), json.dumps(spec)], capture_output=True, text=True
     )

@@ -33,10 +33,21 @@ def ort_cuda_reason() -> str | None:
     return cuda_reason()
 
 
+SUPPORTED_TENSORRT = (10, 11)
+
+
 @functools.cache
 def tensorrt_reason() -> str | None:
+    """None when TensorRT imports (its libraries load), is a supported major and a CUDA device is here."""
     if importlib.util.find_spec("tensorrt") is None:
         return "tensorrt is not installed (it comes with the gpu extra)"
+    try:
+        import tensorrt as trt
+    except (ImportError, OSError) as e:  # the bindings are there, their libraries (libnvinfer ...) are not
+        return f"tensorrt does not import: {e}"
+    version = getattr(trt, "__version__", "?")
+    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) not in SUPPORTED_TENSORRT:
+        return f"TensorRT {version} is not supported (majors 10 and 11 are)"
     return cuda_reason()
 
 

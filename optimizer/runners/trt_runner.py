@@ -164,11 +164,14 @@ class TrtRunner(Runner):
         reason = tensorrt_reason()
         if reason is not None:
             raise OptimizerError(f"cannot run a TensorRT engine here: {reason}")
-        import tensorrt as trt
+        from polygraphy.backend.trt import EngineFromPath
+        from polygraphy.exception import PolygraphyException
 
         assert self.artifact.path is not None
-        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        engine = runtime.deserialize_cuda_engine(self.artifact.path.read_bytes())
+        try:  # Polygraphy's loader: TensorRT's runtime, its plugins, the engine read as a stream
+            engine = EngineFromPath(str(self.artifact.path))()
+        except PolygraphyException:
+            engine = None
         if engine is None:
             raise OptimizerError(
                 f"{self.artifact.path}: TensorRT could not deserialize the engine "
