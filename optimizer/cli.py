@@ -58,63 +58,116 @@ def compile_(
     no_history: bool = typer.Option(False, "--no-history", help="do not record this run in the history"),
 ) -> None:
     """Run a recipe: every stage into its own folder, each benchmarked; prints the per-stage table."""
-    from optimizer.console import ConsoleEvents, stage_tables, summary_table
+    from optimizer.console import ConsoleEvents
     from optimizer.pipeline import Pipeline
     from optimizer.recipe import load_recipe
-    from optimizer.report import write_report
+    from optimizer.report import build_report, save_report, write_report
 
     r = load_recipe(recipe)
     run_dir = out_dir or Path("runs") / r.name
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _sigterm)
+    write_errors: list[str] = []
+
+    def write_progress(recs: list[Any]) -> None:
+        """The report after each stage, marked incomplete. A failed write does not stop the run: the final write
+        is tried all the same, and says what failed."""
+        try:
+            write_report(r, recs, run_dir, time.perf_counter() - start, in_progress=True)
+        except OptimizerError as e:
+            write_errors.append(str(e))
+
     with ConsoleEvents(out) as events:
         pipeline = Pipeline(r, run_dir, events, use_cache=not no_cache, measure=not no_bench)
-        pipeline.on_stage_done.append(lambda recs: write_report(r, recs, run_dir, time.perf_counter() - start))
+        pipeline.on_stage_done.append(write_progress)
         interrupted = False
         try:
             records = pipeline.execute()
         except KeyboardInterrupt:
             interrupted, records = True, pipeline.records
-    report = write_report(r, records, run_dir, time.perf_counter() - start) if records else None
+    report = build_report(r, records, run_dir, time.perf_counter() - start) if records else None
+    save_error: str | None = None
+    if report is not None:
+        try:
+            save_report(report, run_dir)
+        except OptimizerError as e:  # the results are shown all the same; the exit code says it
+            save_error = str(e)
+    history_error: str | None = None
     if report and not no_history:
         from optimizer.history import record
 
-        report["history_id"] = record(report, STATE["history"])
+        try:
+            report["history_id"] = record(report, STATE["history"])
+        except OptimizerError as e:
+            history_error = str(e)
     if report:
-        for table in stage_tables(report):
-            out.print(table)
-        summary = summary_table(report)
-        if summary is not None:
-            out.print(summary)
-        if STATE["debug"]:
-            for st in report["stages"]:
-                if st["notes"].get("traceback"):
-                    err.print(f"{st['name']}:\n{st['notes']['traceback']}", highlight=False, markup=False)
-        out.print(
-            "[dim]vs parent: stage and parent timed interleaved in one session (~ = within noise); "
-            "P50/P99 come from that same session, so compare stages through the ratios.[/]"
-        )
-        from optimizer.report import tail_note
-
-        note = tail_note(report)
-        if note:
-            out.print(f"[dim]{note}[/]", highlight=False)
-        for line in report["findings"]:
-            out.print(f"[yellow]![/] {line}", highlight=False)
-        if report.get("best", {}).get("stage"):
-            out.print(f"[bold]best[/]: {report['best']['why']}", highlight=False)
-        run_id = report.get("history_id")
-        out.print(
-            f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}, {run_dir / 'report.html'}  "
-            f"(wall time {report['wall_seconds']:.0f} s{f', run id {run_id}' if run_id else ''})"
-        )
+        show_report(report, run_dir)
+    if history_error:
+        err.print(f"[yellow]warning:[/] run not recorded in the run history: {history_error}", highlight=False,
+                  soft_wrap=True)
+    if write_errors and not save_error:
+        err.print(f"[yellow]warning:[/] during the run: {write_errors[0]} (the final report was written)",
+                  highlight=False, soft_wrap=True)
     if interrupted:
         _fail("interrupted; finished stages are kept and a re-run resumes from them", 130)
+    if save_error:
+        _fail(save_error, 1)
     source = report["stages"][0] if report else None
     if source and source["status"] == "failed" and source["notes"].get("error_kind") == "input":
         _fail(f"{recipe}: {source['reason']}", 2)
     if report and report["failed_stages"]:
         _fail(f"failed stages: {', '.join(report['failed_stages'])} (see the table above)", 1)
+
+
+def show_report(report: dict[str, Any], run_dir: Path) -> None:
+    """What a person reads after a compile (and from `optimizer report`): the stage tables, notes, findings."""
+    from optimizer.console import stage_tables, summary_table
+    from optimizer.report import tail_note
+
+    if report["outcome"] == "incomplete":
+        from optimizer.rundir import RunDir
+
+        pending = [st["name"] for st in report["stages"] if st["status"] == "pending"]
+        writer = RunDir(run_dir).writer_pid()
+        state = f"still running (pid {writer})" if writer else "killed before it finished (no process holds it)"
+        out.print(
+            f"[yellow]outcome: incomplete[/]: the run was {state}; not reached: {', '.join(pending) or '-'}. "
+            "Re-run the same compile to resume from the finished stages.", highlight=False,
+        )
+    for table in stage_tables(report):
+        out.print(table)
+    summary = summary_table(report)
+    if summary is not None:
+        out.print(summary)
+    if STATE["debug"]:
+        for st in report["stages"]:
+            if st["notes"].get("traceback"):
+                err.print(f"{st['name']}:\n{st['notes']['traceback']}", highlight=False, markup=False)
+    out.print(
+        "[dim]vs parent: stage and parent timed interleaved in one session (~ = within noise); "
+        "P50/P99 come from that same session, so compare stages through the ratios.[/]"
+    )
+    note = tail_note(report)
+    if note:
+        out.print(f"[dim]{note}[/]", highlight=False)
+    for line in report.get("findings", []):
+        out.print(f"[yellow]![/] {line}", highlight=False)
+    if (report.get("best") or {}).get("stage"):
+        out.print(f"[bold]best[/]: {report['best']['why']}", highlight=False)
+    run_id = report.get("history_id")
+    out.print(
+        f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}, {run_dir / 'report.html'}  "
+        f"(wall time {report['wall_seconds']:.0f} s{f', run id {run_id}' if run_id else ''})"
+    )
+
+
+@app.command("report")
+def report_(run: str = typer.Argument(..., help="run folder, report.json or run id")) -> None:
+    """Show a run's tables and findings again (a run still going, or killed, says so)."""
+    from optimizer.history import load_report
+
+    report = load_report(run, STATE["history"])
+    show_report(report, Path(report.get("run_dir") or run))
 
 
 @app.command()

@@ -36,14 +36,23 @@ def diff(
     fail_on_regression: float | None = typer.Option(
         None, "--fail-on-regression", help="exit 3 when any stage is slower by more than PCT percent, beyond noise"
     ),
+    allow_different_models: bool = typer.Option(
+        False, "--different-models", help="compare runs of two different models anyway (ratios are not pass effects)"
+    ),
 ) -> None:
     """Compare two runs stage by stage: latency both sides, ratio, noise verdict, accuracy change."""
-    from optimizer.diff import diff_reports, regressions, table_rows, to_markdown
+    from optimizer.diff import diff_reports, different_models, regressions, table_rows, to_markdown
     from optimizer.history import load_report
 
     if fmt not in ("table", "md", "json"):
         raise OptimizerError(f"--format: {fmt!r} is not one of table, md, json")
-    d = diff_reports(load_report(a, STATE["history"]), load_report(b, STATE["history"]))
+    ra, rb = load_report(a, STATE["history"]), load_report(b, STATE["history"])
+    mismatch = different_models(ra, rb)
+    if mismatch and not allow_different_models:
+        raise OptimizerError(f"{mismatch}; their stages are not the same computation (--different-models to compare)")
+    d = diff_reports(ra, rb)
+    if mismatch and fmt != "json":
+        out.print(f"[yellow]note:[/] {mismatch}: the ratios below compare two models, not passes", highlight=False)
     if fmt == "json":
         print(json.dumps(d, indent=2))
     elif fmt == "md":

@@ -83,6 +83,19 @@ def _stages(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {s["name"]: s for s in report["stages"]}
 
 
+def _model_label(report: dict[str, Any]) -> str:
+    model = report["recipe"]["model"]
+    what = model.get("path") or model.get("architecture") or model.get("target") or "?"
+    return f"{report['recipe']['name']} ({model['source']}: {what})"
+
+
+def different_models(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """Why A and B are not two runs of one model (stage-by-stage ratios would then not be pass effects), or None."""
+    if a["recipe"]["model"] == b["recipe"]["model"]:
+        return None
+    return f"A and B are runs of different models: A {_model_label(a)}, B {_model_label(b)}"
+
+
 def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     sa, sb = _stages(a), _stages(b)
     metric = (b.get("settings") or {}).get("accuracy_metric")

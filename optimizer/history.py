@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,17 @@ def default_path() -> Path:
     return Path(user_data_dir("optimizer")) / "history.sqlite"
 
 
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """SQLite's errors on a damaged file (a corrupt page, not a database at all) as one line naming the file."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        raise OptimizerError(
+            f"{path}: the run history is damaged ({e}); move it aside (a new one is then started) or restore a copy"
+        ) from None
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +70,10 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=30000")  # concurrent compiles wait for each other's write
         conn.executescript(SCHEMA)
+    except sqlite3.DatabaseError as e:
+        raise OptimizerError(
+            f"{path}: the run history is damaged ({e}); move it aside (a new one is then started) or restore a copy"
+        ) from None
     except (sqlite3.Error, OSError) as e:
         raise OptimizerError(f"{path}: cannot open the run history ({e})") from None
     return conn
@@ -68,7 +84,7 @@ def record(report: dict[str, Any], path: Path | None = None) -> int:
     path = path or default_path()
     model = report["recipe"]["model"]
     label = model.get("package") or model.get("path") or model.get("architecture") or model.get("target") or "?"
-    with closing(_connect(path)) as conn, conn:
+    with _reading(path), closing(_connect(path)) as conn, conn:
         cur = conn.execute(
             "INSERT INTO runs (created, recipe, recipe_hash, model, device, outcome, run_dir, versions, report) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -117,9 +133,24 @@ def list_runs(path: Path | None = None, recipe: str | None = None, limit: int = 
         query += " WHERE recipe = ?"
         args = (recipe,)
     query += " ORDER BY id DESC LIMIT ?"
-    with closing(_connect(path)) as conn:
+    with _reading(path), closing(_connect(path)) as conn:
         cols = ["id", "created", "recipe", "model", "device", "outcome", "run_dir", "versions"]
         return [dict(zip(cols, row, strict=True)) for row in conn.execute(query, (*args, limit))]
+
+
+def _known_schema(report: Any, where: Path | str) -> dict[str, Any]:
+    """A report this version can read: a JSON object with a schema_version it knows."""
+    from optimizer.report import SCHEMA_VERSION
+
+    if not isinstance(report, dict) or "stages" not in report:
+        raise OptimizerError(f"{where}: not a run report (no stages)")
+    version = report.get("schema_version")
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise OptimizerError(
+            f"{where}: report schema_version {version} is not one this optimizer reads (1..{SCHEMA_VERSION}); "
+            "read it with the version that wrote it, or a newer one"
+        )
+    return report
 
 
 def load_report(ref: str, path: Path | None = None) -> dict[str, Any]:
@@ -131,15 +162,15 @@ def load_report(ref: str, path: Path | None = None) -> dict[str, Any]:
             raise OptimizerError(f"{ref}: no report.json in this folder (is it a run folder of a finished compile?)")
     if p.is_file():
         try:
-            return json.loads(p.read_text())
-        except ValueError as e:
+            return _known_schema(json.loads(p.read_text()), p)
+        except (ValueError, OSError) as e:
             raise OptimizerError(f"{p}: not a readable report ({e})") from None
     if ref.isdigit():
         db = path or default_path()
         if db.exists():
-            with closing(_connect(db)) as conn:
+            with _reading(db), closing(_connect(db)) as conn:
                 row = conn.execute("SELECT report FROM runs WHERE id = ?", (int(ref),)).fetchone()
             if row:
-                return json.loads(row[0])
+                return _known_schema(json.loads(row[0]), f"run {ref} in {db}")
         raise OptimizerError(f"run {ref}: no such id in the run history {db}")
     raise OptimizerError(f"{ref}: neither a run folder, a report.json nor a run id")

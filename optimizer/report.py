@@ -79,7 +79,11 @@ def chained_speedups(
     return out
 
 
-def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall_seconds: float) -> dict[str, Any]:
+def build_report(
+    recipe: Recipe, records: list[StageRecord], out_dir: Path, wall_seconds: float, in_progress: bool = False
+) -> dict[str, Any]:
+    """The run report. `in_progress`: written after a stage while the run goes on; its outcome is "incomplete"
+    and the stages not reached are "pending", so a run killed outright (kill -9) never reads as ok."""
     chained = chained_speedups(records)
     chained_throughput = chained_speedups(records, _mean_ratio)
     stages = []
@@ -87,6 +91,8 @@ def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
         d = rec.to_json()
         d["vs_source"] = chained.get(rec.name, {})
         d["throughput_vs_source"] = chained_throughput.get(rec.name, {})
+        if in_progress and d["status"] == "not run" and not d.get("reason"):
+            d["status"] = "pending"
         stages.append(d)
     failed = [r.name for r in records if r.status == "failed"]
     interrupted = any(r.status == "interrupted" for r in records)
@@ -106,7 +112,7 @@ def build_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall
         },
         "scenarios": [s.model_dump() for s in recipe.scenarios],
         "stages": stages,
-        "outcome": "interrupted" if interrupted else "failed" if failed else "ok",
+        "outcome": "interrupted" if interrupted else "incomplete" if in_progress else "failed" if failed else "ok",
         "failed_stages": failed,
         "wall_seconds": wall_seconds,
     }
@@ -460,11 +466,18 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(recipe: Recipe, records: list[StageRecord], out_dir: Path, wall_seconds: float) -> dict[str, Any]:
-    report = build_report(recipe, records, out_dir, wall_seconds)
+def write_report(
+    recipe: Recipe, records: list[StageRecord], out_dir: Path, wall_seconds: float, in_progress: bool = False
+) -> dict[str, Any]:
+    report = build_report(recipe, records, out_dir, wall_seconds, in_progress)
+    save_report(report, out_dir)
+    return report
+
+
+def save_report(report: dict[str, Any], out_dir: Path) -> None:
+    """report.json, then report.md, then report.html; a failed write is one OptimizerError naming the file."""
     write_json(out_dir / "report.json", report)
     write_text(out_dir / "report.md", to_markdown(report))
     from optimizer.html_report import to_html
 
     write_text(out_dir / "report.html", to_html(report))
-    return report

@@ -25,15 +25,21 @@ def content_hash(*parts: Any) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=2, default=str))
 
 
 def write_text(path: Path, text: str) -> None:
+    """Atomic: a temp file renamed into place. A failed write (disk full, read-only) removes the temp file and is
+    one OptimizerError naming the file; what was at `path` before stays as it was."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        from optimizer.errors import OptimizerError
+
+        raise OptimizerError(f"{path}: cannot write ({e.strerror or e})") from None
 
 
 def read_json(path: Path) -> Any | None:
@@ -81,6 +87,23 @@ class RunDir:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd  # held until release() or the process ends
+
+    def writer_pid(self) -> int | None:
+        """The pid of the compile writing this run folder now, or None when no process holds it."""
+        import fcntl
+
+        path = self.root / ".lock"
+        if not path.is_file():
+            return None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(holder) if holder.isdigit() else -1
+        finally:
+            os.close(fd)  # closing drops a lock we took
+        return None
 
     def release(self) -> None:
         fd = getattr(self, "_lock_fd", None)

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from optimizer.artifact import Artifact
 
-Status = Literal["ran", "cached", "skipped", "failed", "interrupted", "not run"]
+# "pending": not reached yet, in a report written while the run is going (one that was killed stays so).
+Status = Literal["ran", "cached", "skipped", "failed", "interrupted", "not run", "pending"]
 
 
 @dataclass
