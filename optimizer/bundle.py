@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from optimizer.artifact import Artifact, file_sha256
 from optimizer.errors import OptimizerError
@@ -330,6 +331,35 @@ def triton_config(
     return "\n".join(lines) + "\n"
 
 
+class _ManifestShape(BaseModel):
+    """What verify relies on before it reads anything: the rest is read by the format's own check."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal["onnx", "triton", "tensorrt"]
+    files: dict[str, str]
+    model: str | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _plain_names(cls, files: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in files if not name or "\x00" in name]
+        if bad:
+            raise ValueError(f"file name {bad[0]!r} is empty or holds a NUL")
+        return files
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
+    try:
+        data = json.loads(path.read_text())
+        _ManifestShape.model_validate(data)
+    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        first = str(e).strip().splitlines()
+        return None, " ".join(first[:3])[:300]
+    if data.get("model") is not None and "\x00" in data["model"]:
+        return None, "model path holds a NUL"
+    return data, ""
+
+
 def verify_bundle(root: Path) -> list[str]:
     """Problems found (empty when the bundle is good): checksums, then outputs on the reference inputs."""
     from optimizer.accuracy import AccuracyMeter
@@ -337,7 +367,9 @@ def verify_bundle(root: Path) -> list[str]:
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
         return [f"{manifest_path}: missing"]
-    manifest = json.loads(manifest_path.read_text())
+    manifest, why = _read_manifest(manifest_path)
+    if manifest is None:
+        return [f"{manifest_path}: not a bundle manifest ({why})"]
     problems = []
     inside = root.resolve()
     named = [*manifest["files"], *([manifest["model"]] if manifest.get("model") else [])]

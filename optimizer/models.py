@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
 def hf_folder(source: HFFolderSource, recipe: Recipe) -> Path:
     if source.package is None:
         return recipe.resolve(source.path)
-    spec = importlib.util.find_spec(source.package)
-    if spec is None or not spec.submodule_search_locations:
+    from optimizer.recipe import package_dir
+
+    base = package_dir(source.package)
+    if base is None:
         raise OptimizerError(f"model.package: package {source.package!r} is not installed")
-    folder = Path(next(iter(spec.submodule_search_locations))) / source.path
+    folder = base / source.path
     if not folder.is_dir():
         raise OptimizerError(f"model.path: {folder} does not exist inside package {source.package!r}")
     return folder
@@ -62,13 +65,51 @@ def _from_config(source: HFConfigSource) -> torch.nn.Module:
     return _auto_class(source.task).from_config(config, **extra)
 
 
-def _from_factory(source: FactorySource) -> torch.nn.Module:
+def _from_factory(source: FactorySource, seed: int) -> torch.nn.Module:
+    """The factory's module. Called with torch's, numpy's and Python's generators seeded (recipe.seed): stage 0,
+    the export and any later process build the module more than once, and a factory that draws random weights
+    without a seed of its own must give the same weights each time."""
+    import random
+
+    import numpy as np
+    import torch
+
     module_name, fn_name = source.target.split(":")
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)
     except (ImportError, AttributeError) as e:
         raise OptimizerError(f"model.target: cannot import {source.target!r} ({e})") from None
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
     return fn(**source.kwargs)
+
+
+# The weights each factory built first in this process: a factory that gives other weights on a second call
+# (seeded as above) would make stage 0 and the export two different models.
+_FACTORY_WEIGHTS: dict[str, str] = {}
+
+
+def _weights_digest(module: torch.nn.Module) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes() if tensor.numel() else b"")
+    return h.hexdigest()
+
+
+def _check_deterministic(source: FactorySource, module: torch.nn.Module) -> None:
+    key = json.dumps([source.target, source.kwargs], sort_keys=True, default=str)
+    digest = _weights_digest(module)
+    first = _FACTORY_WEIGHTS.setdefault(key, digest)
+    if first != digest:
+        raise OptimizerError(
+            f"model.target: {source.target} built different weights on a second call, even with torch, numpy and "
+            "random seeded (recipe.seed): make it deterministic (load weights from a file, or seed its own "
+            "generator), or stage 0 and the export would be two different models"
+        )
 
 
 def load_module(recipe: Recipe) -> torch.nn.Module:
@@ -88,7 +129,9 @@ def load_module(recipe: Recipe) -> torch.nn.Module:
     elif isinstance(source, HFConfigSource):
         module = _from_config(source)
     else:
-        module = _from_factory(source)
+        module = _from_factory(source, recipe.seed)
+        if isinstance(module, torch.nn.Module):
+            _check_deterministic(source, module)
     if not isinstance(module, torch.nn.Module):
         raise OptimizerError(f"model: the source returned {type(module).__name__}, not a torch.nn.Module")
     return module.float().eval()

@@ -11,13 +11,14 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
+import zipfile
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from optimizer import rundir as rd
-from optimizer.artifact import Artifact
+from optimizer.artifact import Artifact, file_sha256
 from optimizer.errors import InputError, OptimizerError, PassError
 from optimizer.inputs import FeedSet, build_feeds
 from optimizer.measure import MEASURE_VERSION, Reference, measure_stage
@@ -50,6 +51,11 @@ def _feeds_hash(feeds: FeedSet) -> str:
     return rd.content_hash(arrays)
 
 
+def _metrics_digest(key: str, saved: dict[str, Any]) -> str:
+    """A checksum of a metrics.json's numbers: an edited file is measured again, not trusted."""
+    return rd.content_hash(key, saved.get("metrics"), saved.get("bench_seconds"))
+
+
 def _save_reference(path: Path, ref: Reference) -> None:
     arrays = {
         f"{s}|{i}|{j}": o for s, samples in ref.items() for i, outs in enumerate(samples) for j, o in enumerate(outs)
@@ -60,17 +66,23 @@ def _save_reference(path: Path, ref: Reference) -> None:
 
 
 def _load_reference(path: Path) -> Reference | None:
+    """Stage 0's outputs, or None when the file is missing or cannot be read whole (truncated, not an npz):
+    then stage 0 is measured again and writes it anew."""
     if not path.is_file():
         return None
     ref: Reference = {}
-    with np.load(path) as data:
-        for key in sorted(data.files, key=lambda k: (k.split("|")[0], int(k.split("|")[1]), int(k.split("|")[2]))):
-            s, i, _ = key.split("|")
-            samples = ref.setdefault(s, [])
-            if int(i) == len(samples):
-                samples.append([])
-            samples[int(i)].append(data[key])
-    return ref
+    try:
+        with np.load(path) as data:
+            keys = sorted(data.files, key=lambda k: (k.split("|")[0], int(k.split("|")[1]), int(k.split("|")[2])))
+            for key in keys:
+                s, i, _ = key.split("|")
+                samples = ref.setdefault(s, [])
+                if int(i) == len(samples):
+                    samples.append([])
+                samples[int(i)].append(data[key])
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+        return None
+    return ref or None
 
 
 class Pipeline:
@@ -248,12 +260,15 @@ class Pipeline:
         return [f"{p.name}:{file_sha256(p)}" for p in paths if p.is_file()]
 
     @staticmethod
-    def _intact(artifact: Artifact, recorded: dict[str, int] | None) -> bool:
-        """A cached stage's files are all there with the sizes they were written with."""
+    def _intact(artifact: Artifact, info: dict[str, Any]) -> bool:
+        """A cached stage's files are all there with the sizes and sha256 they were written with."""
         files = artifact.files()
         if not all(f.is_file() for f in files):
             return False
-        return recorded is None or all(recorded.get(f.name) == f.stat().st_size for f in files)
+        sizes, digests = info.get("file_sizes"), info.get("file_sha256")
+        if sizes is not None and not all(sizes.get(f.name) == f.stat().st_size for f in files):
+            return False
+        return digests is None or all(digests.get(f.name) == file_sha256(f) for f in files)
 
     def _pass(self, rec: StageRecord) -> None:
         spec = self.recipe.passes[rec.index - 1]
@@ -275,10 +290,16 @@ class Pipeline:
         cached = self.run.find_cached(rec.key) if self.use_cache else None
         if cached is not None:
             info = rd.read_json(cached / rd.STAGE_FILE) or {}
-            if not self._intact(self._relocate(Artifact.from_json(info["artifact"]), cached), info.get("file_sizes")):
+            if not self._intact(self._relocate(Artifact.from_json(info["artifact"]), cached), info):
                 rec.notes["cache"] = f"cached folder {cached.name} was incomplete or changed: rebuilt"
                 shutil.rmtree(cached, ignore_errors=True)
                 cached = None
+        if cached is not None and cached.name in {r.folder for r in self.records[: rec.index]}:
+            # An earlier stage of this run has the same key (same pass, config and parent): it keeps its folder,
+            # this stage gets a copy of it.
+            copy = self.run.building_dir(rec.index, rec.name)
+            shutil.copytree(cached, copy, dirs_exist_ok=True)
+            cached = copy
         if cached is not None:
             folder = self.run.place(cached, rec.index, rec.name)
             info = rd.read_json(folder / rd.STAGE_FILE) or {}
@@ -310,6 +331,7 @@ class Pipeline:
                 "notes": rec.notes,
                 "pass_seconds": rec.pass_seconds,
                 "file_sizes": {f.name: f.stat().st_size for f in result.artifact.files() if f.is_file()},
+                "file_sha256": {f.name: file_sha256(f) for f in result.artifact.files() if f.is_file()},
             }
             rd.write_json(building / rd.STAGE_FILE, info)
             folder = self.run.place(building, rec.index, rec.name)
@@ -351,11 +373,16 @@ class Pipeline:
         ref_path = self.run.stage_dir(0, SOURCE_STAGE) / "reference.npz"
         if self.use_cache:
             cached = rd.read_json(folder / rd.METRICS_FILE)
-            if cached and cached.get("key") == key and (rec.index > 0 or ref_path.is_file()):
-                rec.metrics, rec.bench_seconds = cached["metrics"], cached.get("bench_seconds")
-                if rec.index == 0:
-                    self.reference = _load_reference(ref_path)
-                return
+            if cached and cached.get("key") == key and cached.get("digest") != _metrics_digest(key, cached):
+                why = "did not match its checksum" if "digest" in cached else "had no checksum (an older version's)"
+                rec.notes["cache"] = f"{rec.folder}/metrics.json {why}: measured again"
+            elif cached and cached.get("key") == key:
+                reference = _load_reference(ref_path) if rec.index == 0 else None
+                if rec.index > 0 or reference is not None:
+                    rec.metrics, rec.bench_seconds = cached["metrics"], cached.get("bench_seconds")
+                    if rec.index == 0:
+                        self.reference = reference
+                    return
         if rec.index > 0 and self.reference is None:
             self.reference = _load_reference(ref_path)
             if self.reference is None:
@@ -384,4 +411,5 @@ class Pipeline:
         if new_ref is not None and rec is source:
             self.reference = new_ref
             _save_reference(ref_path, new_ref)
-        rd.write_json(folder / rd.METRICS_FILE, {"key": key, "metrics": metrics, "bench_seconds": rec.bench_seconds})
+        saved = {"key": key, "metrics": metrics, "bench_seconds": rec.bench_seconds}
+        rd.write_json(folder / rd.METRICS_FILE, {**saved, "digest": _metrics_digest(key, saved)})

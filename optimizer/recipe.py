@@ -294,10 +294,28 @@ def _check_structure(recipe: Recipe, path: str) -> None:
     if isinstance(model, OnnxSource) and not recipe.resolve(model.path).is_file():
         raise RecipeError(path, "model.path", f"no such file: {recipe.resolve(model.path)}")
     if isinstance(model, HFFolderSource):
-        if model.package is not None and importlib.util.find_spec(model.package) is None:
+        base = package_dir(model.package) if model.package is not None else None
+        if model.package is not None and base is None:
             raise RecipeError(path, "model.package", f"package {model.package!r} is not installed")
+        if base is not None and not (base / model.path).is_dir():
+            raise RecipeError(path, "model.path", f"no folder {model.path!r} inside package {model.package!r}")
         if model.package is None and not recipe.resolve(model.path).is_dir():
             raise RecipeError(path, "model.path", f"no such folder: {recipe.resolve(model.path)}")
+
+
+def package_dir(name: str) -> Path | None:
+    """The folder of an installed package, found without running its code: only the top-level name is looked up
+    (finding `a.b` would import `a`), and the rest is followed on disk."""
+    top, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(base).joinpath(*rest)
+        if folder.is_dir():
+            return folder
+    return None
 
 
 def _validate_pass_configs(recipe: Recipe, path: str) -> None:
@@ -335,13 +353,55 @@ def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None
     return recipe
 
 
+MAX_RECIPE_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000  # values once aliases are expanded: a real recipe has a few hundred
+
+
+def _bounded_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load, but a document whose aliases expand to more than MAX_YAML_VALUES values (an alias bomb:
+    a few lines that become 10**9 strings when anything walks them) is refused before it is built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise RecipeError(where, None, "its YAML is nested too deeply to be a recipe") from None
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def expanded(n: yaml.Node) -> int:  # memoized over the node graph, where an alias is a shared node
+            if id(n) not in sizes:
+                sizes[id(n)] = 0  # a recursive alias counts once
+                children: list[Any] = []
+                if isinstance(n, yaml.SequenceNode):
+                    children = n.value
+                elif isinstance(n, yaml.MappingNode):
+                    children = [x for pair in n.value for x in pair]
+                sizes[id(n)] = min(1 + sum(expanded(c) for c in children), MAX_YAML_VALUES + 1)
+            return sizes[id(n)]
+
+        try:
+            too_many = expanded(node) > MAX_YAML_VALUES
+        except RecursionError:
+            raise RecipeError(where, None, "its YAML is nested too deeply to be a recipe") from None
+        if too_many:
+            raise RecipeError(where, None, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file; raises RecipeError naming the file and field."""
     p = Path(path)
     if not p.is_file():
         raise RecipeError(str(p), None, "no such recipe file")
+    size = p.stat().st_size
+    if size > MAX_RECIPE_BYTES:
+        raise RecipeError(str(p), None, f"{size / 2**20:.1f} MB is not a recipe (at most {MAX_RECIPE_BYTES >> 20} MB)")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = _bounded_yaml(p.read_text(), str(p))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None

@@ -42,3 +42,8 @@ def data_dependent() -> torch.nn.Module:
 
 def not_a_module() -> str:
     return "this is not a model"
+
+
+def unseeded_mlp() -> torch.nn.Module:
+    """Random weights from whatever state torch's generator is in: a factory as users often write them."""
+    return MLP()

@@ -1,0 +1,132 @@
+"""Property-based checks (hypothesis) of the classes of bad input: any name, any number, any manifest. Each
+property says what must hold for every value: a clear refusal (RecipeError, a listed problem) or a value that is
+safe to use; never a raw exception, never a path outside the folder the user named."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import mlp_recipe
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from optimizer import bundle
+from optimizer.errors import RecipeError
+from optimizer.recipe import SAFE_NAME, parse_recipe
+from optimizer.rundir import RunDir
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Names a user (or an attacker) might type: paths, dots, separators, control characters, long strings.
+NAMES = st.one_of(
+    st.text(max_size=80),
+    st.sampled_from(["..", ".", "/", "a/../../b", "/etc/passwd", "a\x00b", "x" * 65, "a|b", "-a", ".hidden", "ok"]),
+    st.from_regex(SAFE_NAME, fullmatch=True),
+)
+
+
+def _parse(data: dict[str, Any]) -> Any:
+    return parse_recipe(data, "r.yaml", Path("."))
+
+
+@SETTINGS
+@given(name=NAMES, where=st.sampled_from(["recipe", "stage", "scenario"]))
+def test_any_name_is_refused_or_stays_inside_the_run_folder(name: str, where: str, tmp_path: Path) -> None:
+    data = mlp_recipe()
+    if where == "recipe":
+        data["name"] = name
+    elif where == "stage":
+        data["passes"] = [{"type": "export", "name": name}]
+    else:
+        data["scenarios"] = [{"name": name, "batch": 1}]
+    try:
+        recipe = _parse(data)
+    except RecipeError as e:
+        assert "safe name" in str(e) or "unique" in str(e) or "reserved" in str(e) or "name" in str(e)
+        return
+    assert SAFE_NAME.fullmatch(name)
+    root = tmp_path / "run"
+    for i, spec in enumerate(recipe.passes, start=1):
+        folder = RunDir(root).stage_dir(i, spec.stage_name)
+        assert folder.resolve().parent == root.resolve()
+
+
+FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10))
+
+
+@SETTINGS
+@given(low=FLOATS, high=FLOATS)
+def test_any_accuracy_budget_is_refused_or_finite(low: float, high: float) -> None:
+    data = mlp_recipe(accuracy={"metric": "cosine", "min": low, "max": high, "samples": 2})
+    try:
+        recipe = _parse(data)
+    except RecipeError:
+        return
+    for value in (recipe.accuracy.min, recipe.accuracy.max):
+        assert value is None or math.isfinite(value)
+
+
+@SETTINGS
+@given(batch=st.integers(-5, 5), dim=st.integers(-5, 5), rounds=st.integers(-3, 3),
+       batches=st.lists(st.integers(-3, 8), max_size=4), low=FLOATS, high=FLOATS)
+def test_any_sizes_are_refused_or_usable(batch: int, dim: int, rounds: int, batches: list[int], low: float,
+                                          high: float) -> None:
+    data = mlp_recipe(
+        inputs=[{"name": "x", "dtype": "float32", "shape": ["batch", dim], "range": [low, high]}],
+        scenarios=[{"name": "s", "batch": batch}],
+        benchmark={"rounds": rounds},
+        batch_sweep={"batches": batches, "latency_budget_ms": 10},
+    )
+    try:
+        recipe = _parse(data)
+    except RecipeError:
+        return
+    assert recipe.scenarios[0].batch >= 1 and dim >= 0 and recipe.benchmark.rounds >= 1
+    assert recipe.batch_sweep is not None and batches and min(batches) >= 1
+    lo, hi = recipe.inputs[0].range or (0.0, 1.0)
+    assert math.isfinite(lo) and math.isfinite(hi) and lo < hi
+
+
+FILE_NAMES = st.one_of(
+    st.text(min_size=1, max_size=40),
+    st.sampled_from(["../outside.txt", "/etc/hostname", "a/../../outside.txt", "model.onnx", "sub/x", "./model.onnx",
+                     "a\x00b", ".", ""]),
+)
+MANIFESTS = st.one_of(
+    st.fixed_dictionaries({
+        "format": st.sampled_from(["onnx", "tensorrt", "triton", 3, None]),
+        "files": st.dictionaries(FILE_NAMES, st.one_of(st.text(max_size=64), st.integers())),
+        "model": st.one_of(FILE_NAMES, st.none(), st.integers()),
+        "tolerance": st.one_of(st.floats(), st.text()),
+    }),
+    st.lists(st.integers(), max_size=3),
+    st.text(max_size=20),
+    st.dictionaries(st.text(max_size=10), st.integers(), max_size=3),
+)
+
+
+@SETTINGS
+@given(manifest=MANIFESTS)
+def test_verify_never_reads_outside_and_never_blows_up(manifest: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "bundle"
+    root.mkdir(exist_ok=True)
+    for p in root.iterdir():
+        p.unlink()
+    (tmp_path / "outside.txt").write_text("not yours")
+    (root / "model.onnx").write_bytes(b"not a model")
+    (root / bundle.MANIFEST).write_text(json.dumps(manifest))
+    read: list[Path] = []
+    real = bundle.file_sha256
+
+    def recording(path: Path, *a: Any) -> str:
+        read.append(Path(path).resolve())
+        return real(path, *a)
+
+    monkeypatch.setattr(bundle, "file_sha256", recording)
+    problems = bundle.verify_bundle(root)  # a list of problems, never an exception
+    assert isinstance(problems, list) and problems, "a made-up manifest must not verify"
+    assert all(p.is_relative_to(root.resolve()) for p in read), read
