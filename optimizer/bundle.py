@@ -347,6 +347,13 @@ class _ManifestShape(BaseModel):
             raise ValueError(f"file name {bad[0]!r} is empty or holds a NUL")
         return files
 
+    @field_validator("model")
+    @classmethod
+    def _plain_model(cls, model: str | None) -> str | None:
+        if model is not None and "\x00" in model:
+            raise ValueError("the model path holds a NUL")
+        return model
+
 
 def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
     try:
@@ -355,8 +362,6 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
     except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
         first = str(e).strip().splitlines()
         return None, " ".join(first[:3])[:300]
-    if data.get("model") is not None and "\x00" in data["model"]:
-        return None, "model path holds a NUL"
     return data, ""
 
 

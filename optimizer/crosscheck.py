@@ -17,9 +17,6 @@ from typing import Any
 
 import numpy as np
 
-# Keywords handed to Polygraphy's CompareFunc.simple (checked against the installed version in the tests).
-COMPARE_KEYWORDS = {"atol", "rtol", "check_shapes"}
-
 
 @contextlib.contextmanager
 def quiet_polygraphy(log_path: Path | None = None) -> Iterator[None]:
@@ -66,21 +63,16 @@ def cross_check(
     feeds: list[dict[str, np.ndarray]],
     atol: float,
     rtol: float,
-    candidate_feeds: list[dict[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
-    """Run both runners on `feeds` (the candidate on `candidate_feeds` when its input types differ, e.g. an FP16
-    graph) and compare every output of every feed. Returns the worst errors per output and whether all passed."""
-    from polygraphy.comparator import Comparator, CompareFunc, RunResults
+    """Run both runners on `feeds` and compare every output of every feed. Returns the worst errors per output
+    and whether all passed."""
+    from polygraphy.comparator import Comparator, CompareFunc
 
     with quiet_polygraphy(), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # CompareFunc.simple: the name every 0.4x/0.5x has
-        results = Comparator.run([reference], data_loader=feeds)
-        other = Comparator.run([candidate], data_loader=candidate_feeds or feeds)
-        both = RunResults()
-        for runner_name, iterations in [*results.items(), *other.items()]:
-            both.add(iterations, runner_name=runner_name)
+        results = Comparator.run([reference, candidate], data_loader=feeds)
         compare = CompareFunc.simple(atol=atol, rtol=rtol, check_shapes=True)
-        accuracy = Comparator.compare_accuracy(both, compare_func=compare)
+        accuracy = Comparator.compare_accuracy(results, compare_func=compare)
     outputs: dict[str, dict[str, Any]] = {}
     # 0.53 returns a list of results (one per compare function); earlier versions the one result itself.
     groups = [accuracy] if hasattr(accuracy, "items") else list(accuracy)

@@ -52,15 +52,19 @@ def default_path() -> Path:
     return Path(user_data_dir("optimizer")) / "history.sqlite"
 
 
+def _damaged(path: Path, e: Exception) -> OptimizerError:
+    return OptimizerError(
+        f"{path}: the run history is damaged ({e}); move it aside (a new one is then started) or restore a copy"
+    )
+
+
 @contextmanager
 def _reading(path: Path) -> Iterator[None]:
     """SQLite's errors on a damaged file (a corrupt page, not a database at all) as one line naming the file."""
     try:
         yield
     except sqlite3.DatabaseError as e:
-        raise OptimizerError(
-            f"{path}: the run history is damaged ({e}); move it aside (a new one is then started) or restore a copy"
-        ) from None
+        raise _damaged(path, e) from None
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -71,9 +75,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout=30000")  # concurrent compiles wait for each other's write
         conn.executescript(SCHEMA)
     except sqlite3.DatabaseError as e:
-        raise OptimizerError(
-            f"{path}: the run history is damaged ({e}); move it aside (a new one is then started) or restore a copy"
-        ) from None
+        raise _damaged(path, e) from None
     except (sqlite3.Error, OSError) as e:
         raise OptimizerError(f"{path}: cannot open the run history ({e})") from None
     return conn

@@ -362,12 +362,6 @@ def _bounded_yaml(text: str, where: str) -> Any:
     a few lines that become 10**9 strings when anything walks them) is refused before it is built."""
     loader = yaml.SafeLoader(text)
     try:
-        try:
-            node = loader.get_single_node()
-        except RecursionError:
-            raise RecipeError(where, None, "its YAML is nested too deeply to be a recipe") from None
-        if node is None:
-            return None
         sizes: dict[int, int] = {}
 
         def expanded(n: yaml.Node) -> int:  # memoized over the node graph, where an alias is a shared node
@@ -381,10 +375,13 @@ def _bounded_yaml(text: str, where: str) -> Any:
                 sizes[id(n)] = min(1 + sum(expanded(c) for c in children), MAX_YAML_VALUES + 1)
             return sizes[id(n)]
 
-        try:
-            too_many = expanded(node) > MAX_YAML_VALUES
+        try:  # composing and counting both recurse with the nesting
+            node = loader.get_single_node()
+            too_many = node is not None and expanded(node) > MAX_YAML_VALUES
         except RecursionError:
             raise RecipeError(where, None, "its YAML is nested too deeply to be a recipe") from None
+        if node is None:
+            return None
         if too_many:
             raise RecipeError(where, None, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
         return loader.construct_document(node)

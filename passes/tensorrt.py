@@ -133,14 +133,6 @@ class TensorRTPass(Pass):
         return PassResult(out, modified=True, notes=meta)
 
 
-# Keywords handed to Polygraphy's loaders (checked against the installed version in the tests).
-NETWORK_KEYWORDS = {"strongly_typed"}
-CONFIG_KEYWORDS = {
-    "profiles", "builder_optimization_level", "memory_pool_limits", "hardware_compatibility_level",
-    "load_timing_cache", "progress_monitor",
-}
-
-
 def build_engine(trt: Any, onnx_path: Path, profiles: dict[str, dict[str, tuple[int, ...]]], cfg: TensorRTConfig,
                  ctx: PassContext) -> bytes:
     """The serialized engine, built with Polygraphy's loaders (network from the ONNX file, builder config, engine

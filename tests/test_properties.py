@@ -44,8 +44,7 @@ def test_any_name_is_refused_or_stays_inside_the_run_folder(name: str, where: st
         data["scenarios"] = [{"name": name, "batch": 1}]
     try:
         recipe = _parse(data)
-    except RecipeError as e:
-        assert "safe name" in str(e) or "unique" in str(e) or "reserved" in str(e) or "name" in str(e)
+    except RecipeError:
         return
     assert SAFE_NAME.fullmatch(name)
     root = tmp_path / "run"

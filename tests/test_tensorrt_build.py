@@ -5,6 +5,7 @@ handed), while Polygraphy's comparator and logger are the real ones, on ONNX Run
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -19,13 +20,20 @@ from optimizer.errors import PassError
 
 
 def _matmul_model(path: Path, dtype: Any = np.float32) -> Path:
+    """x @ w with float32 input and output; with dtype float16 the weights and the MatMul are float16 inside."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 4)).astype(dtype), "w")
-    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    if dtype == np.float16:
+        nodes = [
+            helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+            helper.make_node("MatMul", ["x16", "w"], ["y16"], name="mm"),
+            helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT),
+        ]
+    else:
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", elem, ["batch", 8])],
-        [helper.make_tensor_value_info("y", elem, ["batch", 4])], [w],
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
@@ -48,16 +56,14 @@ def test_cross_check_reports_the_error_of_a_lower_precision_graph(tmp_path: Path
 
     fp32 = _matmul_model(tmp_path / "fp32.onnx")
     fp16 = _matmul_model(tmp_path / "fp16.onnx", np.float16)
-    rng = np.random.default_rng(1)
-    feeds32 = [{"x": rng.standard_normal((3, 8)).astype(np.float32)}]
-    feeds16 = [{"x": feeds32[0]["x"].astype(np.float16)}]
+    feeds = [{"x": np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)}]
     ref = onnxruntime_runner(fp32, "fp32")
     cand = onnxruntime_runner(fp16, "fp16")
-    out = cross_check(ref, cand, feeds32, atol=1e-7, rtol=1e-7, candidate_feeds=feeds16)
+    out = cross_check(ref, cand, feeds, atol=1e-7, rtol=1e-7)
     y = out["outputs"]["y"]
     assert out["passed"] is False and y["passed"] is False
     assert 1e-5 < y["max_absdiff"] < 0.1  # float16 rounding of weights and inputs, not garbage
-    loose = cross_check(ref, cand, feeds32, atol=0.1, rtol=0.1, candidate_feeds=feeds16)
+    loose = cross_check(ref, cand, feeds, atol=0.1, rtol=0.1)
     assert loose["passed"] is True
 
 
@@ -66,6 +72,7 @@ class Recorder:
     """Stands in for a Polygraphy loader: records its arguments, returns `result` when called."""
 
     made: dict[str, list[Recorder]] = {}
+    real: dict[str, Any] = {}  # the Polygraphy loaders stood in for
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.args, self.kwargs = args, kwargs
@@ -95,6 +102,7 @@ def injected_trt(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     Recorder.made = {}
     names = ("NetworkFromOnnxPath", "CreateConfig", "EngineBytesFromNetwork")
+    Recorder.real = {name: getattr(pg_trt, name) for name in names}
     for name in names:
         monkeypatch.setattr(pg_trt, name, type(name, (Recorder,), {}))
 
@@ -146,6 +154,8 @@ def test_engine_is_built_through_polygraphy_with_the_recipes_profile(
     assert build.args[0] is network and build.kwargs["config"] is config
     assert build.kwargs["save_timing_cache"] == str(ctx.stage_dir.parent / "timing.cache")
     assert result.artifact.path.read_bytes() == b"serialized-engine"
+    for name, (call,) in Recorder.made.items():  # every keyword we handed it exists in the real loader
+        assert set(call.kwargs) <= _keywords(Recorder.real[name]), name
 
 
 def test_a_second_build_loads_the_timing_cache(tmp_path: Path, injected_trt: Any) -> None:
@@ -195,29 +205,34 @@ def test_tensorrt_reason_needs_a_supported_major_that_imports(monkeypatch: pytes
     gpu.tensorrt_reason.cache_clear()
 
 
-def test_polygraphy_takes_the_keywords_we_pass() -> None:
-    """API surface of the Polygraphy version installed: every keyword our build and check hand it exists."""
+def _keywords(fn: Any) -> set[str]:
+    """Parameter names of a function or class; a loader's __init__ may pass **kwargs to its base: all count."""
     import inspect
 
-    from polygraphy.backend.onnxrt import SessionFromOnnx
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, EngineFromPath, NetworkFromOnnxPath
-    from polygraphy.comparator import Comparator, CompareFunc
+    chain = [c.__init__ for c in fn.__mro__ if "__init__" in vars(c)] if isinstance(fn, type) else [fn]
+    return {p for f in chain for p in inspect.signature(f).parameters}
 
+
+def test_the_engine_loader_takes_the_keywords_we_pass() -> None:
+    """The one Polygraphy call no test here runs: loading an engine for the runner and the cross-check."""
+    from polygraphy.backend.trt import EngineFromPath, TrtRunner
+
+    assert {"path"} <= _keywords(EngineFromPath) and {"engine", "name"} <= _keywords(TrtRunner)
+
+
+def test_the_engine_is_cross_checked_on_every_scenarios_feed(tmp_path: Path, injected_trt: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cross-check as the pass runs it, with ONNX Runtime standing in for the engine: one feed per scenario,
+    the tolerance of the engine's precision, the result in engine.json."""
     from optimizer import crosscheck
-    from passes import tensorrt as trt_pass
+    from optimizer.inputs import build_feeds
 
-    wanted = {
-        NetworkFromOnnxPath: trt_pass.NETWORK_KEYWORDS,
-        CreateConfig: trt_pass.CONFIG_KEYWORDS,
-        EngineBytesFromNetwork: {"config", "save_timing_cache"},
-        EngineFromPath: {"path"},
-        SessionFromOnnx: {"providers"},
-        Comparator.run: {"data_loader"},
-        Comparator.compare_accuracy: {"compare_func"},
-        CompareFunc.simple: crosscheck.COMPARE_KEYWORDS,
-    }
-    for fn, keywords in wanted.items():
-        # A loader's __init__ may take **kwargs on to its base: the keywords of the whole chain count.
-        chain = [c.__init__ for c in fn.__mro__ if "__init__" in vars(c)] if isinstance(fn, type) else [fn]
-        params = {p for f in chain for p in inspect.signature(f).parameters}
-        assert keywords <= params, f"{fn}: lacks {keywords - params}"
+    injected_trt("10.13.3.9")
+    tensorrt_pass, artifact, ctx = _tensorrt_pass(tmp_path)
+    tensorrt_pass.config = tensorrt_pass.config.model_copy(update={"cross_check": True})
+    ctx = type(ctx)(ctx.recipe, ctx.stage_name, ctx.stage_dir, build_feeds(ctx.recipe, 1))
+    monkeypatch.setattr(crosscheck, "tensorrt_runner", lambda path: crosscheck.onnxruntime_runner(artifact.path, "e"))
+    tensorrt_pass.run(artifact, ctx)
+    check = json.loads((ctx.stage_dir / "engine.json").read_text())["cross_check"]
+    assert check["feeds"] == 3 and check["atol"] == 1e-3 and check["passed"] is True
+    assert check["outputs"]["y"]["max_absdiff"] == 0.0
