@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import shutil
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 
 
 class CudaGraphConfig(PassConfig):
@@ -32,7 +32,7 @@ class CudaGraphPass(Pass):
 
     @classmethod
     def environment_reason(cls) -> str | None:
-        from optimizer.gpu import cuda_reason
+        from optimizer.runtime.gpu import cuda_reason
 
         return cuda_reason()
 
@@ -53,7 +53,7 @@ class CudaGraphPass(Pass):
         if artifact.kind == "onnx":
             return onnx_blockers(artifact)
         if artifact.kind == "trt_engine":
-            from optimizer.gpu import tensorrt_reason
+            from optimizer.runtime.gpu import tensorrt_reason
 
             return tensorrt_reason()
         return None
@@ -73,7 +73,7 @@ class CudaGraphPass(Pass):
             dict(artifact.meta),
         )
         try:
-            from optimizer.runners import runner_for
+            from optimizer.runtime.runners import runner_for
 
             with runner_for(out, ctx.recipe).load() as session:  # capture once now: fail here, not in the benchmark
                 for sf in ctx.feeds:
@@ -85,9 +85,9 @@ class CudaGraphPass(Pass):
 
 def _check_decode(ctx: PassContext) -> dict[str, object]:
     """Capture once now and compare the replayed loop with the same loop run eagerly, on the device."""
-    from optimizer.generation import agreement
-    from optimizer.generation_static import StaticCacheGenerator
-    from optimizer.models import load_module
+    from optimizer.runtime.generation import agreement
+    from optimizer.runtime.generation_static import StaticCacheGenerator
+    from optimizer.runtime.models import load_module
 
     prompt = next(iter(ctx.feeds)).timing["input_ids"]
     try:
@@ -105,9 +105,9 @@ def _check_decode(ctx: PassContext) -> dict[str, object]:
 
 def onnx_blockers(artifact: Artifact) -> str | None:
     """Why ORT's CUDA EP cannot capture this graph, or None."""
-    from optimizer.gpu import ort_cuda_reason
-    from optimizer.gpu.profiles import cuda_graph_blockers
-    from optimizer.onnx_io import op_histogram
+    from optimizer.runtime.gpu import ort_cuda_reason
+    from optimizer.runtime.gpu.profiles import cuda_graph_blockers
+    from optimizer.runtime.onnx_io import op_histogram
 
     reason = ort_cuda_reason()
     if reason:

@@ -14,10 +14,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
-from optimizer.quiet import quiet
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.quiet import quiet
 
 
 class ExportConfig(PassConfig):
@@ -77,8 +77,8 @@ class ExportPass(Pass):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import torch
 
-        from optimizer import onnx_io
-        from optimizer.models import NamedIO, load_module
+        from optimizer.runtime import onnx_io
+        from optimizer.runtime.models import NamedIO, load_module
 
         cfg: ExportConfig = self.config  # type: ignore[assignment]
         if ctx.recipe.workload == "generation":
@@ -139,8 +139,8 @@ class ExportPass(Pass):
         """Compare ORT (optimizations off) with PyTorch on each scenario's timing input."""
         import torch
 
-        from optimizer.accuracy import compare, mask_of
-        from optimizer.runners.ort_runner import OrtRunner
+        from optimizer.measure.accuracy import compare, mask_of
+        from optimizer.runtime.runners.ort_runner import OrtRunner
 
         names = artifact.meta["output_names"]
         result: dict[str, Any] = {}

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import PassContext
-from optimizer.quiet import quiet
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import PassContext
+from optimizer.core.quiet import quiet
 
 
 def export_generation(
@@ -23,9 +23,9 @@ def export_generation(
 ) -> tuple[Artifact, dict[str, Any]]:
     import torch
 
-    from optimizer import onnx_io
-    from optimizer.generation import cache_names, wrappers
-    from optimizer.models import load_module
+    from optimizer.runtime import onnx_io
+    from optimizer.runtime.generation import cache_names, wrappers
+    from optimizer.runtime.models import load_module
 
     model = load_module(ctx.recipe)
     prefill, decode, layers = wrappers(model)
@@ -89,8 +89,8 @@ def export_generation(
 
 
 def _check(model: Any, artifact: Artifact, ctx: PassContext, min_cosine: float) -> dict[str, Any]:
-    from optimizer.generation import TorchGenerator, agreement
-    from optimizer.runners.gen_runner import ort_generator
+    from optimizer.runtime.generation import TorchGenerator, agreement
+    from optimizer.runtime.runners.gen_runner import ort_generator
 
     torch_gen = TorchGenerator(model, 1)
     ort_gen = ort_generator(artifact, ctx.recipe, device="cpu")

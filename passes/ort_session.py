@@ -13,9 +13,9 @@ from __future__ import annotations
 import shutil
 from typing import Literal
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 
 
 class OrtSessionConfig(PassConfig):
@@ -36,9 +36,9 @@ class OrtSessionPass(Pass):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnxruntime as ort
 
-        from optimizer import onnx_io
-        from optimizer.runners.ort_runner import session_options
-        from optimizer.threads import target_threads
+        from optimizer.runtime import onnx_io
+        from optimizer.runtime.runners.ort_runner import session_options
+        from optimizer.runtime.threads import target_threads
 
         cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
         assert artifact.path is not None

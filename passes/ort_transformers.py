@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
-from optimizer.quiet import quiet
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.quiet import quiet
 
 
 class OrtTransformersConfig(PassConfig):
@@ -34,7 +34,7 @@ class OrtTransformersPass(Pass):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         from onnxruntime.transformers.optimizer import optimize_model
 
-        from optimizer import onnx_io
+        from optimizer.runtime import onnx_io
 
         cfg: OrtTransformersConfig = self.config  # type: ignore[assignment]
         assert artifact.path is not None

@@ -8,9 +8,9 @@ cache is attributed here and the gain of capture alone to the cuda_graph stage a
 
 from __future__ import annotations
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 
 
 class StaticKVCacheConfig(PassConfig):
@@ -33,9 +33,9 @@ class StaticKVCachePass(Pass):
         return None
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        from optimizer.generation import TorchGenerator, agreement
-        from optimizer.generation_static import StaticCacheGenerator
-        from optimizer.models import load_module
+        from optimizer.runtime.generation import TorchGenerator, agreement
+        from optimizer.runtime.generation_static import StaticCacheGenerator
+        from optimizer.runtime.models import load_module
 
         out = artifact.with_runtime(kv_cache="static")
         # Checked on the CPU against the dynamic-cache loop before anything is timed: same tokens, close logits.

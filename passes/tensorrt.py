@@ -5,7 +5,7 @@ calibrator, and strong typing is always on; on TensorRT 10 the network is create
 the same engine. So an FP16 graph (quantize mode fp16) gives an FP16 engine and a QDQ graph (int8_static) an
 INT8 one. The engine is built with Polygraphy's loaders and checked against ONNX Runtime on the graph it came
 from with Polygraphy's comparator (recorded in engine.json; the budget is judged by the harness). One
-optimization profile covers every scenario (min/opt/max from optimizer.gpu.profiles). The timing cache lives
+optimization profile covers every scenario (min/opt/max from optimizer.runtime.gpu.profiles). The timing cache lives
 in the run folder and is reused by later builds. engine.json beside the engine records the TensorRT version,
 GPU, compute capability, hardware compatibility, profiles and precision: an engine only runs on the TensorRT
 version and GPU family it was built for.
@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 
 
 class TensorRTConfig(PassConfig):
@@ -81,7 +81,7 @@ class TensorRTPass(Pass):
 
     @classmethod
     def environment_reason(cls) -> str | None:
-        from optimizer.gpu import tensorrt_reason
+        from optimizer.runtime.gpu import tensorrt_reason
 
         return tensorrt_reason()
 
@@ -90,8 +90,8 @@ class TensorRTPass(Pass):
         if reason is None and ctx.recipe.target.device != "cuda":
             return "target.device is cpu: TensorRT engines run on CUDA devices"
         if reason is None and artifact.path is not None:
-            from optimizer import onnx_io
-            from optimizer.gpu.profiles import asymmetric_qdq_reason
+            from optimizer.runtime import onnx_io
+            from optimizer.runtime.gpu.profiles import asymmetric_qdq_reason
 
             reason = asymmetric_qdq_reason(onnx_io.load(artifact.path))
         return reason
@@ -99,9 +99,9 @@ class TensorRTPass(Pass):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import tensorrt as trt
 
-        from optimizer import onnx_io
-        from optimizer.gpu import device_summary
-        from optimizer.gpu.profiles import derive_profiles, precision_summary
+        from optimizer.runtime import onnx_io
+        from optimizer.runtime.gpu import device_summary
+        from optimizer.runtime.gpu.profiles import derive_profiles, precision_summary
 
         cfg: TensorRTConfig = self.config  # type: ignore[assignment]
         assert artifact.path is not None
@@ -141,8 +141,8 @@ def build_engine(trt: Any, onnx_path: Path, profiles: dict[str, dict[str, tuple[
     import polygraphy.backend.trt as pg
     from polygraphy.exception import PolygraphyException
 
-    from optimizer.crosscheck import logged_errors, quiet_polygraphy
-    from optimizer.gpu import tensorrt_major
+    from optimizer.runtime.crosscheck import logged_errors, quiet_polygraphy
+    from optimizer.runtime.gpu import tensorrt_major
 
     profile = pg.Profile()
     for name, shapes in profiles.items():
@@ -183,7 +183,7 @@ CROSS_CHECK_TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "int8": 5e-2}
 def engine_cross_check(onnx_path: Path, engine_path: Path, ctx: PassContext, precision: str) -> dict[str, Any]:
     """The engine against ONNX Runtime (CPU) on the graph it was built from, one feed per scenario, with
     Polygraphy's comparator. Recorded, not gated: the accuracy budget is judged by the harness on every stage."""
-    from optimizer.crosscheck import cross_check, onnxruntime_runner, tensorrt_runner
+    from optimizer.runtime.crosscheck import cross_check, onnxruntime_runner, tensorrt_runner
 
     tolerance = CROSS_CHECK_TOLERANCE[precision.split(" ")[0]]
     feeds = [dict(sf.timing) for sf in ctx.feeds]

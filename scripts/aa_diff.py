@@ -19,7 +19,7 @@ import yaml
 
 
 def optimizer(*args: str, history: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "optimizer.cli", "--history", str(history), *args]
+    cmd = [sys.executable, "-m", "optimizer.cli.app", "--history", str(history), *args]
     print("$ optimizer " + " ".join(args[:4]) + (" ..." if len(args) > 4 else ""), flush=True)
     return subprocess.run(cmd, text=True, capture_output=True, env={**os.environ, "COLUMNS": "200"})
 

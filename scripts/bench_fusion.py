@@ -16,12 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from optimizer.artifact import Artifact
-from optimizer.benchmark import interleaved_p50
-from optimizer.inputs import build_feeds
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe, parse_recipe
-from optimizer.runners.ort_runner import OrtRunner
+from optimizer.core.artifact import Artifact
+from optimizer.engine.pipeline import Pipeline
+from optimizer.measure.harness import interleaved_p50
+from optimizer.recipe.loading import load_recipe, parse_recipe
+from optimizer.runtime.inputs import build_feeds
+from optimizer.runtime.runners.ort_runner import OrtRunner
 
 VARIANTS = {"unfused": "ort_session", "ort_optimizer": "ort_transformers", "ours": "fuse"}
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from optimizer import onnx_io
-from optimizer.generation import OrtBoundGenerator, OrtGenerator
-from optimizer.inputs import build_feeds
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe
+from optimizer.runtime import onnx_io
+from optimizer.runtime.generation import OrtBoundGenerator, OrtGenerator
+from optimizer.runtime.inputs import build_feeds
 
 LOAD_BOTH = """
 import sys, psutil, onnxruntime as ort

@@ -1,7 +1,7 @@
 """How much the benchmark harness adds to what it measures.
 
 One ONNX Runtime session, two ways of timing it, interleaved block by block in one process:
-  harness: optimizer.benchmark.time_calls through the OrtSession wrapper (what every stage gets);
+  harness: optimizer.measure.harness.time_calls through the OrtSession wrapper (what every stage gets);
   bare:    a plain loop of perf_counter() around session.run(None, feed).
 Prints both P50s and their difference; the goal is a harness P50 within 3% of the bare loop's.
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from optimizer.artifact import Artifact
-from optimizer.benchmark import time_calls
-from optimizer.inputs import build_feeds
-from optimizer.recipe import load_recipe
-from optimizer.runners.ort_runner import OrtRunner
+from optimizer.core.artifact import Artifact
+from optimizer.measure.harness import time_calls
+from optimizer.recipe.loading import load_recipe
+from optimizer.runtime.inputs import build_feeds
+from optimizer.runtime.runners.ort_runner import OrtRunner
 
 
 def main() -> None:

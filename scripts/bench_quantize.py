@@ -17,12 +17,12 @@ import json
 from contextlib import ExitStack
 from pathlib import Path
 
-from optimizer.artifact import Artifact
-from optimizer.benchmark import interleaved_rounds
-from optimizer.inputs import build_feeds
-from optimizer.recipe import parse_recipe
-from optimizer.runners.ort_runner import OrtRunner
-from optimizer.stats import speedup
+from optimizer.core.artifact import Artifact
+from optimizer.measure.harness import interleaved_rounds
+from optimizer.measure.stats import speedup
+from optimizer.recipe.loading import parse_recipe
+from optimizer.runtime.inputs import build_feeds
+from optimizer.runtime.runners.ort_runner import OrtRunner
 
 
 def stage(report: dict, name: str) -> dict:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from optimizer.artifact import Artifact
-from optimizer.inputs import build_feeds
-from optimizer.recipe import parse_recipe
-from optimizer.runners.ort_runner import OrtRunner
+from optimizer.core.artifact import Artifact
+from optimizer.recipe.loading import parse_recipe
+from optimizer.runtime.inputs import build_feeds
+from optimizer.runtime.runners.ort_runner import OrtRunner
 
 
 def main() -> None:

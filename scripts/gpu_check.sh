@@ -19,13 +19,13 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 $PY - <<'PY' | tee "$out/device.txt"
 import torch, onnxruntime as ort
-from optimizer.gpu import cuda_reason, ort_cuda_reason, tensorrt_reason, device_summary
+from optimizer.runtime.gpu import cuda_reason, ort_cuda_reason, tensorrt_reason, device_summary
 print("device:", device_summary() or cuda_reason())
 print("onnxruntime", ort.__version__, ort.get_available_providers())
 print("ORT CUDA EP:", ort_cuda_reason() or "available"); print("TensorRT:", tensorrt_reason() or "available")
 PY
 timeout 300 $PY scripts/gpu_decisive.py "$out" --recipe-timeout 240 2>&1 | tee "$out/summary.txt"
 timeout 100 $PY -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 | tee "$out/gpu-tests.txt"
-timeout 80 $PY -m optimizer.cli compile recipes/gpt2-gpu.yaml --out "$out/gpt2-gpu" --no-history 2>&1 \
+timeout 80 $PY -m optimizer.cli.app compile recipes/gpt2-gpu.yaml --out "$out/gpt2-gpu" --no-history 2>&1 \
   | tail -40 | tee "$out/gpt2-gpu.txt"
 echo "summary: $out/summary.json; reports: $out/*/report.md"

@@ -63,7 +63,7 @@ def second_feed() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from optimizer.runners.torch_runner import TorchSession
+    from optimizer.runtime.runners.torch_runner import TorchSession
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 64).cuda().eval()
@@ -86,7 +86,7 @@ def second_feed() -> dict[str, Any]:
 
 
 def ort_stream() -> dict[str, Any]:
-    from optimizer.gpu import ort_cuda_reason
+    from optimizer.runtime.gpu import ort_cuda_reason
 
     reason = ort_cuda_reason()
     if reason:
@@ -96,7 +96,7 @@ def ort_stream() -> dict[str, Any]:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from optimizer.runners.ort_runner import OrtCudaSession, check_providers, providers_for
+    from optimizer.runtime.runners.ort_runner import OrtCudaSession, check_providers, providers_for
 
     w = numpy_helper.from_array(np.random.default_rng(0).random((2048, 2048)).astype(np.float32), "w")
     graph = helper.make_graph(
@@ -120,7 +120,7 @@ def ort_stream() -> dict[str, Any]:
 
 def static_decode(out: Path, timeout: int) -> dict[str, Any]:
     run = out / "gpt2-gen-gpu"
-    cmd = [sys.executable, "-m", "optimizer.cli", "compile", "recipes/gpt2-gen-gpu.yaml", "--out", str(run),
+    cmd = [sys.executable, "-m", "optimizer.cli.app", "compile", "recipes/gpt2-gen-gpu.yaml", "--out", str(run),
            "--no-history"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -155,7 +155,7 @@ def main() -> None:
     ap.add_argument("--recipe-timeout", type=int, default=240)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from optimizer.gpu import cuda_reason
+    from optimizer.runtime.gpu import cuda_reason
 
     summary: dict[str, Any] = {}
     checks = [("replay_stream", replay_stream), ("second_feed", second_feed), ("ort_stream", ort_stream)]

@@ -1,4 +1,4 @@
-"""Run every pass over the onnx package's test models and print the table (see optimizer/corpus.py).
+"""Run every pass over the onnx package's test models and print the table (see optimizer/qa/corpus.py).
 
 python scripts/robustness_corpus.py [--details]
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from optimizer.corpus import corpus_dirs, run_corpus, table
-from optimizer.quiet import quiet
+from optimizer.core.quiet import quiet
+from optimizer.qa.corpus import corpus_dirs, run_corpus, table
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from optimizer.screenshot import screenshot
+from optimizer.report.screenshot import screenshot
 
 if __name__ == "__main__":
     run = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/minilm-cpu")

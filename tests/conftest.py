@@ -51,7 +51,7 @@ def _private_history(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """GPU-marked tests skip, with the reason, where there is no CUDA device."""
-    from optimizer.gpu import cuda_reason
+    from optimizer.runtime.gpu import cuda_reason
 
     reason = cuda_reason()
     if reason is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import mlp_recipe
 
-from optimizer.adversarial import run_corpus
+from optimizer.qa.adversarial import run_corpus
 
 
 def test_every_adversarial_case_holds() -> None:

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 WHEELS = ROOT / ".cache" / "api-wheels"
 TRT_VERSIONS = {10: "10.13.3.9", 11: "11.4.0.106"}
-TRT_SOURCES = [ROOT / "passes" / "tensorrt.py", ROOT / "optimizer" / "runners" / "trt_runner.py"]
+TRT_SOURCES = [ROOT / "passes" / "tensorrt.py", ROOT / "optimizer" / "runtime" / "runners" / "trt_runner.py"]
 
 # Members of TensorRT objects the project uses on instances (not reachable from `trt.` statically), by class.
 TRT_MEMBERS = {
@@ -209,7 +209,7 @@ def test_onnxruntime_io_binding_api_exists() -> None:
 
 def test_nvml_names_exist() -> None:
     pynvml = pytest.importorskip("pynvml")
-    source = (ROOT / "optimizer" / "gpu" / "nvml.py").read_text()
+    source = (ROOT / "optimizer" / "runtime" / "gpu" / "nvml.py").read_text()
     import re
 
     used = set(re.findall(r"pynvml\.(nvml\w+)\(", source))
@@ -223,7 +223,7 @@ def test_onnxruntime_gpu_offers_what_we_call() -> None:
     binaries): the IO-binding methods, and every CUDA provider and run option key the runner passes."""
     import re
 
-    from optimizer.runners.ort_runner import CUDA_PROVIDER_KEYS, CUDA_RUN_KEYS
+    from optimizer.runtime.runners.ort_runner import CUDA_PROVIDER_KEYS, CUDA_RUN_KEYS
 
     path = WHEELS / "onnxruntime-gpu.json"
     if not path.is_file():
@@ -238,7 +238,7 @@ def test_onnxruntime_gpu_offers_what_we_call() -> None:
         missing = [n for n in names if n not in api.get(cls, [])]
         assert not missing, f"onnxruntime-gpu {surface['version']} {cls} lacks {missing}"
     assert all(surface["keys"].values()), f"keys missing from onnxruntime-gpu: {surface['keys']}"
-    source = (ROOT / "optimizer" / "runners" / "ort_runner.py").read_text()
+    source = (ROOT / "optimizer" / "runtime" / "runners" / "ort_runner.py").read_text()
     assert set(re.findall(r'add_run_config_entry\("(\w+)"', source)) <= set(CUDA_RUN_KEYS)
     assert set(CUDA_PROVIDER_KEYS) | set(CUDA_RUN_KEYS) == set(surface["keys"])
 
@@ -248,7 +248,7 @@ def test_provider_options_are_the_checked_keys(monkeypatch: pytest.MonkeyPatch) 
 
     import torch
 
-    from optimizer.runners.ort_runner import CUDA_PROVIDER_KEYS, providers_for
+    from optimizer.runtime.runners.ort_runner import CUDA_PROVIDER_KEYS, providers_for
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=1))
     (_, options), _ = providers_for({}, "cuda")

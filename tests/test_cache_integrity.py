@@ -15,9 +15,9 @@ import pytest
 from conftest import mlp_recipe, write_recipe
 from test_recipe import TESTS, run_cli
 
-from optimizer.errors import RecipeError
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
+from optimizer.core.errors import RecipeError
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe
 
 
 def _run(tmp_path: Path, data: dict | None = None) -> list:
@@ -92,13 +92,13 @@ def test_validate_does_not_import_the_models_package(tmp_path: Path) -> None:
     data = mlp_recipe(model={"source": "hf_folder", "package": "sneaky.models", "path": "mini"})
     recipe = write_recipe(tmp_path, data)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{TESTS}"}
-    proc = subprocess.run([sys.executable, "-m", "optimizer.cli", "validate", str(recipe)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "optimizer", "validate", str(recipe)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists(), "validate ran the package's code"
     missing = write_recipe(tmp_path, mlp_recipe(model={"source": "hf_folder", "package": "sneaky.models",
                                                       "path": "nope"}), "missing.yaml")
-    proc = subprocess.run([sys.executable, "-m", "optimizer.cli", "validate", str(missing)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "optimizer", "validate", str(missing)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "model.path" in proc.stderr and not marker.exists()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optimizer.corpus import PASSES, corpus_dirs, run_corpus, table
+from optimizer.qa.corpus import PASSES, corpus_dirs, run_corpus, table
 
 
 def test_robustness_corpus() -> None:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from conftest import FAST_BENCH, write_recipe
 
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe
 
 TINY = {
     "num_hidden_layers": 2,
@@ -77,7 +77,7 @@ def test_gpt2_causal_attention_fused(tmp_path: Path) -> None:
 def test_resnet_convs_fused(tmp_path: Path) -> None:
     model = {
         "source": "factory",
-        "target": "optimizer.zoo:resnet",
+        "target": "optimizer.runtime.zoo:resnet",
         "kwargs": {"layers": [1, 1], "width": 8, "classes": 10},
     }
     inputs = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, 32, 32]}]

@@ -10,15 +10,16 @@ import pytest
 import torch
 from conftest import write_recipe
 
-from optimizer.generation import OrtBoundGenerator, TorchGenerator, agreement
-from optimizer.generation_static import StaticCacheGenerator
-from optimizer.gpu import cuda_reason
-from optimizer.models import load_module
-from optimizer.pass_base import PassContext
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import SCENARIO_PRESETS, load_recipe, parse_recipe
-from optimizer.report import write_report
-from optimizer.runners.gen_runner import ort_generator
+from optimizer.core.pass_base import PassContext
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe, parse_recipe
+from optimizer.recipe.schema import SCENARIO_PRESETS
+from optimizer.report.build import write_report
+from optimizer.runtime.generation import OrtBoundGenerator, TorchGenerator, agreement
+from optimizer.runtime.generation_static import StaticCacheGenerator
+from optimizer.runtime.gpu import cuda_reason
+from optimizer.runtime.models import load_module
+from optimizer.runtime.runners.gen_runner import ort_generator
 
 GPT2 = {
     "source": "hf_config",
@@ -242,7 +243,7 @@ def test_generation_on_cuda_without_a_gpu_says_why(tmp_path: Path) -> None:
 
 def test_cuda_graph_on_generation_says_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reasons past the environment check (no GPU here), with the environment check switched off."""
-    from optimizer.artifact import Artifact
+    from optimizer.core.artifact import Artifact
     from passes.cuda_graph import CudaGraphPass
 
     monkeypatch.setattr(CudaGraphPass, "environment_reason", classmethod(lambda cls: None))
@@ -277,8 +278,8 @@ def test_static_cache_decode_under_a_cuda_graph(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["fuse", "ort_transformers", "tensorrt"])
 def test_passes_that_would_touch_only_the_prefill_graph_decline(name: str) -> None:
-    from optimizer.artifact import Artifact
-    from optimizer.registry import pass_class
+    from optimizer.core.artifact import Artifact
+    from optimizer.core.registry import pass_class
 
     cls = pass_class(name)
     gen = Artifact("onnx", Path("prefill.onnx"), {}, {"decode": "decode.onnx", "layers": 2})
@@ -291,7 +292,7 @@ def test_generation_bundle_export_verify_bench(gen_run: list, tmp_path: Path) ->
     the loop, a changed byte or a different model is caught; Triton (one graph per call) declines it."""
     from test_recipe import run_cli
 
-    from optimizer.artifact import file_sha256
+    from optimizer.core.artifact import file_sha256
 
     run = Path(gen_run[1].artifact.path).parent.parent  # the run folder, with report.json
     bundle = tmp_path / "bundle"
@@ -345,7 +346,7 @@ def test_diff_of_generation_runs_compares_token_agreement(gen_run: list) -> None
 def test_static_kv_cache_declines_forward_recipes_and_onnx(tmp_path: Path) -> None:
     from conftest import mlp_recipe
 
-    from optimizer.artifact import Artifact
+    from optimizer.core.artifact import Artifact
     from passes.static_kv_cache import StaticKVCachePass
 
     p = StaticKVCachePass(StaticKVCachePass.Config())

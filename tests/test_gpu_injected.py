@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from optimizer.runners.torch_runner import TorchSession
-from optimizer.runners.trt_runner import TrtSession
+from optimizer.runtime.runners.torch_runner import TorchSession
+from optimizer.runtime.runners.trt_runner import TrtSession
 
 CAPTURING: list[Any] = []  # the graph being captured, if any
 
@@ -130,7 +130,7 @@ def torch_stream(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ort_computes_on_the_stream_the_harness_times(torch_stream: None) -> None:
-    from optimizer.runners.ort_runner import providers_for
+    from optimizer.runtime.runners.ort_runner import providers_for
 
     (name, options), cpu = providers_for({"cuda_graph": True}, "cuda")
     assert name == "CUDAExecutionProvider" and cpu == "CPUExecutionProvider"
@@ -144,14 +144,14 @@ def test_cuda_session_that_fell_back_to_the_cpu_is_refused(
     import onnxruntime as ort
     from conftest import mlp_recipe, write_recipe
 
-    import optimizer.gpu
-    from optimizer.artifact import Artifact
-    from optimizer.errors import OptimizerError
-    from optimizer.recipe import load_recipe
-    from optimizer.runners.ort_runner import OrtRunner
+    import optimizer.runtime.gpu
+    from optimizer.core.artifact import Artifact
+    from optimizer.core.errors import OptimizerError
+    from optimizer.recipe.loading import load_recipe
+    from optimizer.runtime.runners.ort_runner import OrtRunner
 
     monkeypatch.setattr(ort, "InferenceSession", FakeOrtSession)
-    monkeypatch.setattr(optimizer.gpu, "ort_cuda_reason", lambda: None)
+    monkeypatch.setattr(optimizer.runtime.gpu, "ort_cuda_reason", lambda: None)
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
     runner = OrtRunner(Artifact("onnx", tmp_path / "m.onnx", {}, {}), recipe, device="cuda")
     with pytest.raises(OptimizerError, match="without its CUDA execution provider"), runner.load():
@@ -162,7 +162,7 @@ def test_int8_for_tensorrt_is_symmetric_and_the_tensorrt_pass_checks_it(tmp_path
     import onnx
     from test_verdicts import sensitive_chain
 
-    from optimizer.gpu.profiles import asymmetric_qdq_reason
+    from optimizer.runtime.gpu.profiles import asymmetric_qdq_reason
     from passes.quantize import QuantizeConfig, symmetric_activations
     from passes.quantize.calibration import FeedReader
     from passes.quantize.modes import int8_static
@@ -232,7 +232,7 @@ def test_tensorrt_graphs_get_one_context_per_shape(fake_cuda: None) -> None:
 
 
 def test_tensorrt_shape_outside_the_profile_says_so(fake_cuda: None) -> None:
-    from optimizer.errors import OptimizerError
+    from optimizer.core.errors import OptimizerError
 
     session = _trt_session(cuda_graph=False)
     with pytest.raises(OptimizerError, match="outside the engine's optimization profile"):
@@ -266,7 +266,7 @@ def _report(device: str, threads: int) -> dict[str, Any]:
 def test_triton_config_parses_and_serves_as_measured(level: str, expected: int | None) -> None:
     from google.protobuf import text_format
 
-    from optimizer.bundle import triton_config
+    from optimizer.deploy.bundle import triton_config
 
     pb2 = _model_config_pb2()
     inputs = [{"name": "input_ids", "dtype": "int64", "onnx_type": "INT64", "shape": ["batch", "seq"]}]
@@ -283,8 +283,8 @@ def test_triton_config_parses_and_serves_as_measured(level: str, expected: int |
 
 
 def test_triton_config_refuses_a_type_triton_lacks() -> None:
-    from optimizer.bundle import triton_config
-    from optimizer.errors import OptimizerError
+    from optimizer.core.errors import OptimizerError
+    from optimizer.deploy.bundle import triton_config
 
     fp8 = [{"name": "y", "dtype": "float8e4m3fn", "onnx_type": "FLOAT8E4M3FN", "shape": ["batch", 4]}]
     with pytest.raises(OptimizerError, match="'y' has type FLOAT8E4M3FN"):
@@ -297,10 +297,10 @@ def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
 
     from conftest import mlp_recipe, write_recipe
 
-    from optimizer.bundle import export_bundle, unchecked_reason, verify_bundle
-    from optimizer.pipeline import Pipeline
-    from optimizer.recipe import load_recipe
-    from optimizer.report import write_report
+    from optimizer.deploy.bundle import export_bundle, unchecked_reason, verify_bundle
+    from optimizer.engine.pipeline import Pipeline
+    from optimizer.recipe.loading import load_recipe
+    from optimizer.report.build import write_report
 
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
     run = tmp_path / "run"
@@ -362,7 +362,7 @@ class FakeNvml:
 def test_nvml_samples_the_visible_device_and_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from optimizer.gpu.nvml import NvmlSampler
+    from optimizer.runtime.gpu.nvml import NvmlSampler
 
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
@@ -433,7 +433,7 @@ class FakeGraphSession:
 def test_ort_cuda_graph_per_shape_and_each_feed_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     import onnxruntime as ort
 
-    from optimizer.runners.ort_runner import OrtCudaSession
+    from optimizer.runtime.runners.ort_runner import OrtCudaSession
 
     monkeypatch.setattr(ort, "OrtValue", FakeOrtValue)
     monkeypatch.setattr(ort, "RunOptions", FakeRunOptions)

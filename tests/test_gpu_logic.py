@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from conftest import mlp_recipe, write_recipe
 
-from optimizer.artifact import Artifact
-from optimizer.gpu import cuda_reason, ort_cuda_reason, tensorrt_reason
-from optimizer.gpu.nvml import NvmlSampler
-from optimizer.gpu.profiles import cuda_graph_blockers, derive_profiles, precision_summary
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe, parse_recipe
-from optimizer.runners import runner_reason
+from optimizer.core.artifact import Artifact
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe, parse_recipe
+from optimizer.runtime.gpu import cuda_reason, ort_cuda_reason, tensorrt_reason
+from optimizer.runtime.gpu.nvml import NvmlSampler
+from optimizer.runtime.gpu.profiles import cuda_graph_blockers, derive_profiles, precision_summary
+from optimizer.runtime.runners import runner_reason
 
 
 def test_profiles_cover_every_scenario() -> None:
@@ -121,7 +121,7 @@ def test_cuda_recipe_without_cuda_is_a_clear_usage_error(tmp_path: Path) -> None
 def test_kernel_and_launch_counts_from_a_trace() -> None:
     """Kineto's trace categories: kernels run on the device, launch calls on the host (runtime or driver API,
     with suffixes), a CUDA graph replay as one launch that still runs all of its kernels."""
-    from optimizer.gpu.kernels import count_trace_events
+    from optimizer.runtime.gpu.kernels import count_trace_events
 
     eager = [{"cat": "kernel", "name": "gemm"}] * 6 + [
         {"cat": "cuda_runtime", "name": "cudaLaunchKernel"},
@@ -140,7 +140,7 @@ def test_kernel_and_launch_counts_from_a_trace() -> None:
 
 
 def test_kernel_profile_without_cuda_gives_the_reason() -> None:
-    from optimizer.gpu.kernels import profile_kernels
+    from optimizer.runtime.gpu.kernels import profile_kernels
 
     if cuda_reason() is None:
         pytest.skip("this test is about a machine without CUDA")
@@ -152,7 +152,7 @@ def test_profiler_trace_is_read_back_with_its_categories() -> None:
     taken for a kernel or a launch."""
     import torch
 
-    from optimizer.gpu.kernels import count_trace_events, trace_events
+    from optimizer.runtime.gpu.kernels import count_trace_events, trace_events
 
     x = torch.ones(8, 8)
     events = trace_events(lambda: torch.mm(x, x), calls=2, cuda=False)
@@ -162,7 +162,7 @@ def test_profiler_trace_is_read_back_with_its_categories() -> None:
 
 def test_more_kernel_launches_than_the_parent_is_a_finding() -> None:
     """The seeds' "37% more kernel launches", said in the report's findings and shown as a column."""
-    from optimizer.report import columns, findings, stage_rows
+    from optimizer.report.build import columns, findings, stage_rows
 
     def stage(index: int, name: str, parent: str | None, launches: float) -> dict:
         k = {"kernels": 300.0, "launches": launches, "graph_launches": 0.0, "memcpy": 0.0, "calls": 3}

@@ -44,7 +44,7 @@ def test_a_killed_run_does_not_report_ok(tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "optimizer.cli", "compile", str(recipe), "--out", str(out), "--no-history"],
+        [sys.executable, "-m", "optimizer", "compile", str(recipe), "--out", str(out), "--no-history"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -83,7 +83,7 @@ def test_disk_full_writing_the_report_is_one_line_and_the_results_still_show(tmp
     )
     env = {**os.environ, "PYTHONPATH": f"{hook}:{TESTS}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "optimizer.cli", "compile", str(recipe), "--out", str(out), "--no-history"],
+        [sys.executable, "-m", "optimizer", "compile", str(recipe), "--out", str(out), "--no-history"],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 1
@@ -106,7 +106,7 @@ def test_a_corrupt_history_does_not_hide_the_results(tmp_path: Path) -> None:
 
 
 def _history_with_runs(finished_run: Path, path: Path, n: int = 3) -> None:
-    from optimizer.history import record
+    from optimizer.report.history import record
 
     report = json.loads((finished_run / "report.json").read_text())
     for _ in range(n):
@@ -159,8 +159,8 @@ def test_diff_of_runs_of_different_models_says_so(finished_run: Path, tmp_path: 
 
 
 def test_report_write_failure_removes_its_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from optimizer import rundir
-    from optimizer.errors import OptimizerError
+    from optimizer.core.errors import OptimizerError
+    from optimizer.engine import rundir
 
     real = Path.write_text
 

@@ -16,7 +16,7 @@ from conftest import FAST_BENCH, TESTS, mlp_recipe, write_recipe
 
 def start_compile(recipe: Path, out: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    cmd = [sys.executable, "-m", "optimizer.cli", "compile", str(recipe), "--out", str(out)]
+    cmd = [sys.executable, "-m", "optimizer", "compile", str(recipe), "--out", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import mlp_recipe, write_recipe
 from onnx import TensorProto, helper
 
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
-from optimizer.report import write_report
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe
+from optimizer.report.build import write_report
 
 
 def compile_recipe(path: Path, out: Path) -> dict:

@@ -14,10 +14,11 @@ from conftest import mlp_recipe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer import bundle
-from optimizer.errors import RecipeError
-from optimizer.recipe import SAFE_NAME, parse_recipe
-from optimizer.rundir import RunDir
+from optimizer.core.errors import RecipeError
+from optimizer.deploy import bundle
+from optimizer.engine.rundir import RunDir
+from optimizer.recipe.loading import parse_recipe
+from optimizer.recipe.schema import SAFE_NAME
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # Names a user (or an attacker) might type: paths, dots, separators, control characters, long strings.

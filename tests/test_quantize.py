@@ -10,8 +10,8 @@ import onnx
 import pytest
 from conftest import mlp_recipe, write_recipe
 
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe
 
 
 def run_mode(tmp_path: Path, config: dict[str, Any], **recipe: Any) -> Any:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from conftest import TESTS, mlp_recipe, write_recipe
 
-from optimizer.errors import RecipeError
-from optimizer.recipe import load_recipe
+from optimizer.core.errors import RecipeError
+from optimizer.recipe.loading import load_recipe
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     return subprocess.run(
-        [sys.executable, "-m", "optimizer.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+        [sys.executable, "-m", "optimizer", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
     )
 
 
@@ -136,8 +136,8 @@ def test_names_that_would_become_paths_are_refused(tmp_path: Path, bad: str) -> 
 
 
 def test_run_folder_refuses_a_stage_folder_outside_it(tmp_path: Path) -> None:
-    from optimizer.errors import OptimizerError
-    from optimizer.rundir import RunDir
+    from optimizer.core.errors import OptimizerError
+    from optimizer.engine.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     assert run.stage_dir(3, "fuse") == tmp_path / "run" / "03-fuse"

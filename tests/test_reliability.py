@@ -12,11 +12,11 @@ from conftest import mlp_recipe, write_recipe
 from onnx import TensorProto, helper
 from test_recipe import run_cli
 
-from optimizer import onnx_io
-from optimizer.errors import OptimizerError
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
-from optimizer.rundir import RunDir
+from optimizer.core.errors import OptimizerError
+from optimizer.engine.pipeline import Pipeline
+from optimizer.engine.rundir import RunDir
+from optimizer.recipe.loading import load_recipe
+from optimizer.runtime import onnx_io
 
 
 def onnx_recipe(tmp_path: Path, model_file: str) -> Path:

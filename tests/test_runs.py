@@ -13,7 +13,7 @@ import pytest
 from conftest import mlp_recipe, write_recipe
 from test_recipe import run_cli
 
-from optimizer.screenshot import chromium, rendered_dom, screenshot
+from optimizer.report.screenshot import chromium, rendered_dom, screenshot
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ import pytest
 from conftest import FAST_BENCH, mlp_recipe, write_recipe
 from test_recipe import run_cli
 
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
-from optimizer.report import scenario_summary, write_report
-from optimizer.select import PRESETS, deployability, parse_weights, rank, recommend
-from optimizer.stats import median_ci_halfwidth
+from optimizer.engine.pipeline import Pipeline
+from optimizer.measure.stats import median_ci_halfwidth
+from optimizer.recipe.loading import load_recipe
+from optimizer.report.build import scenario_summary, write_report
+from optimizer.report.select import PRESETS, deployability, parse_weights, rank, recommend
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from conftest import FAST_BENCH, write_recipe
 
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import load_recipe
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe
 
 
 def test_bert_from_config_exports_and_matches(tmp_path: Path) -> None:

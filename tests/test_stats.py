@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from optimizer.accuracy import AccuracyMeter, budget_verdict
-from optimizer.recipe import AccuracyBudget
-from optimizer.stats import LatencyStats, speedup
+from optimizer.measure.accuracy import AccuracyMeter, budget_verdict
+from optimizer.measure.stats import LatencyStats, speedup
+from optimizer.recipe.schema import AccuracyBudget
 
 
 def rounds(

@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimizer.errors import PassError
+from optimizer.core.errors import PassError
 
 
 def _matmul_model(path: Path, dtype: Any = np.float32) -> Path:
@@ -41,7 +41,7 @@ def _matmul_model(path: Path, dtype: Any = np.float32) -> Path:
 
 # ---------------------------------------------------------------- the comparator (real Polygraphy, real ORT)
 def test_cross_check_of_identical_graphs_passes_with_zero_error(tmp_path: Path) -> None:
-    from optimizer.crosscheck import cross_check, onnxruntime_runner
+    from optimizer.runtime.crosscheck import cross_check, onnxruntime_runner
 
     model = _matmul_model(tmp_path / "m.onnx")
     feeds = [{"x": np.ones((1, 8), np.float32)}, {"x": np.full((5, 8), 0.5, np.float32)}]
@@ -52,7 +52,7 @@ def test_cross_check_of_identical_graphs_passes_with_zero_error(tmp_path: Path) 
 
 def test_cross_check_reports_the_error_of_a_lower_precision_graph(tmp_path: Path) -> None:
     """An FP16 copy of the graph differs by a real, non-zero amount: reported per output, failing tight tolerances."""
-    from optimizer.crosscheck import cross_check, onnxruntime_runner
+    from optimizer.runtime.crosscheck import cross_check, onnxruntime_runner
 
     fp32 = _matmul_model(tmp_path / "fp32.onnx")
     fp16 = _matmul_model(tmp_path / "fp16.onnx", np.float16)
@@ -113,9 +113,9 @@ def injected_trt(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _tensorrt_pass(tmp_path: Path, **config: Any) -> tuple[Any, Any, Any]:
-    from optimizer.artifact import Artifact
-    from optimizer.pass_base import PassContext
-    from optimizer.recipe import Recipe
+    from optimizer.core.artifact import Artifact
+    from optimizer.core.pass_base import PassContext
+    from optimizer.recipe.schema import Recipe
     from passes.tensorrt import TensorRTConfig, TensorRTPass
 
     recipe = Recipe.model_validate({
@@ -189,7 +189,7 @@ def test_parser_errors_reach_the_one_line_error(tmp_path: Path, injected_trt: An
 
 # ---------------------------------------------------------------- what "TensorRT is here" means
 def test_tensorrt_reason_needs_a_supported_major_that_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    from optimizer import gpu
+    from optimizer.runtime import gpu
 
     monkeypatch.setattr(gpu, "cuda_reason", lambda: None)
     monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: object())
@@ -224,8 +224,8 @@ def test_the_engine_is_cross_checked_on_every_scenarios_feed(tmp_path: Path, inj
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The cross-check as the pass runs it, with ONNX Runtime standing in for the engine: one feed per scenario,
     the tolerance of the engine's precision, the result in engine.json."""
-    from optimizer import crosscheck
-    from optimizer.inputs import build_feeds
+    from optimizer.runtime import crosscheck
+    from optimizer.runtime.inputs import build_feeds
 
     injected_trt("10.13.3.9")
     tensorrt_pass, artifact, ctx = _tensorrt_pass(tmp_path)

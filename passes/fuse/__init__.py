@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 
 RULE_NAMES = (
     "constant_folding",
@@ -52,7 +52,7 @@ def _rules() -> dict[str, Callable]:  # type: ignore[type-arg]
     from passes.fuse.norm import fuse_layernorm, fuse_skip_layernorm
 
     def fold(graph, ctx):  # type: ignore[no-untyped-def]
-        from optimizer.quiet import quiet
+        from optimizer.core.quiet import quiet
 
         before = len(graph.nodes)
         try:
@@ -85,7 +85,7 @@ class FusePass(Pass):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnx_graphsurgeon as gs
 
-        from optimizer import onnx_io
+        from optimizer.runtime import onnx_io
         from passes.fuse.check import compare_graphs
         from passes.fuse.context import RuleContext
         from passes.fuse.graph import name_nodes

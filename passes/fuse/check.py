@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.accuracy import AccuracyMeter, mask_of
-from optimizer.artifact import Artifact
-from optimizer.pass_base import PassContext
-from optimizer.runners.ort_runner import OrtRunner
+from optimizer.core.artifact import Artifact
+from optimizer.core.pass_base import PassContext
+from optimizer.measure.accuracy import AccuracyMeter, mask_of
+from optimizer.runtime.runners.ort_runner import OrtRunner
 
 
 def compare_graphs(before: Artifact, after: Artifact, ctx: PassContext) -> dict[str, Any]:

@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from optimizer import onnx_io
-from optimizer.recipe import InputSpec, Recipe, Scenario
+from optimizer.recipe.schema import InputSpec, Recipe, Scenario
+from optimizer.runtime import onnx_io
 
 PROBE_BATCH, PROBE_SEQ, PADDED = 2, 8, 3
 
@@ -30,7 +30,7 @@ def mask_input_name(graph: gs.Graph) -> str | None:
 
 
 def probe_feed(graph: gs.Graph, recipe: Recipe) -> dict[str, np.ndarray]:
-    from optimizer.inputs import _generate
+    from optimizer.runtime.inputs import _generate
 
     scen = recipe.scenarios[0]
     probe = Scenario(name="probe", batch=PROBE_BATCH, seq=PROBE_SEQ, dims=scen.dims)

@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from optimizer.accuracy import recipe_metric
-from optimizer.artifact import Artifact
-from optimizer.errors import PassError
-from optimizer.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.measure.accuracy import recipe_metric
 from passes.quantize.modes import DEFAULT_OPS
 
 
@@ -86,7 +86,7 @@ class QuantizePass(Pass):
         one shared weights file, as export wrote them."""
         import shutil
 
-        from optimizer import onnx_io
+        from optimizer.runtime import onnx_io
 
         decode = artifact.decode_path()
         assert decode is not None and artifact.path is not None
@@ -114,7 +114,7 @@ class QuantizePass(Pass):
 
     def _run_one(self, artifact: Artifact, ctx: PassContext) -> PassResult:
 
-        from optimizer import onnx_io
+        from optimizer.runtime import onnx_io
         from passes.quantize import modes
         from passes.quantize.calibration import FeedReader, calibration_feeds
 
@@ -177,7 +177,7 @@ class QuantizePass(Pass):
 
     def _named_input(self, artifact: Artifact, ctx: PassContext):  # type: ignore[no-untyped-def]
         """ORT's quantizer picks nodes by name: give unnamed nodes names (in a temporary copy) if needed."""
-        from optimizer import onnx_io
+        from optimizer.runtime import onnx_io
 
         assert artifact.path is not None
         model = onnx_io.load(artifact.path, with_weights=False)
@@ -191,7 +191,7 @@ class QuantizePass(Pass):
         return path
 
     def _hybrid(self, src, dst, artifact, ctx, cfg, progress) -> dict[str, object]:  # type: ignore[no-untyped-def]
-        from optimizer import onnx_io
+        from optimizer.runtime import onnx_io
         from passes.quantize import hybrid, modes
         from passes.quantize.calibration import calibration_feeds
 

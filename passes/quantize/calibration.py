@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.inputs import Feed, _generate, _tokenizer, read_sentences
-from optimizer.recipe import Recipe
+from optimizer.recipe.schema import Recipe
+from optimizer.runtime.inputs import Feed, _generate, _tokenizer, read_sentences
 
 
 def calibration_feeds(

@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.accuracy import compare, mask_of
-from optimizer.artifact import Artifact
-from optimizer.benchmark import Timed, measure
-from optimizer.recipe import BenchmarkSettings, Recipe
-from optimizer.runners.ort_runner import OrtRunner
-from optimizer.stats import LatencyStats, speedup
+from optimizer.core.artifact import Artifact
+from optimizer.measure.accuracy import compare, mask_of
+from optimizer.measure.harness import Timed, measure
+from optimizer.measure.stats import LatencyStats, speedup
+from optimizer.recipe.schema import BenchmarkSettings, Recipe
+from optimizer.runtime.runners.ort_runner import OrtRunner
 from passes.quantize.modes import int8_dynamic
 
 

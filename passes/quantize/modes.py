@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from optimizer.quiet import quiet
+from optimizer.core.quiet import quiet
 
 DEFAULT_OPS = ["MatMul", "Attention", "Gemm", "Conv"]
 # What onnxruntime's dynamic quantizer rewrites (it leaves Gemm alone: that is for the static modes).

@@ -1,0 +1,92 @@
+"""Terminal output: live progress while stages run, and the per-scenario stage table at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from optimizer.core.stage import StageRecord
+from optimizer.report.build import columns, scenario_summary, scenario_title, stage_rows
+
+STATUS_STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "interrupted": "red"}
+
+
+class ConsoleEvents:
+    """Pipeline events -> a rich progress display: one line per stage, with a bar while it is timed."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[what]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> ConsoleEvents:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def stage_start(self, rec: StageRecord) -> None:
+        self.tasks[rec.name] = self.progress.add_task(f"{rec.index:02d} {rec.name}", total=None, what="starting")
+
+    def stage_progress(self, rec: StageRecord, what: str, done: int, total: int) -> None:
+        task = self.tasks.get(rec.name)
+        if task is not None:
+            self.progress.update(task, what=what, completed=done, total=total or None)
+
+    def stage_end(self, rec: StageRecord) -> None:
+        task = self.tasks.get(rec.name)
+        if task is None:
+            return
+        style = STATUS_STYLE.get(rec.status, "white")
+        text = rec.status + (f": {rec.reason}" if rec.reason else "")
+        self.progress.update(task, what=f"[{style}]{text}[/]", completed=1, total=1)
+
+
+def stage_tables(report: dict[str, Any]) -> list[Table]:
+    tables = []
+    for scen in report["scenarios"]:
+        table = Table(
+            title=f"{report['recipe']['name']} | scenario {scenario_title(report, scen)}",
+            title_justify="left",
+            header_style="bold",
+        )
+        cols = columns(report)
+        for key, header in cols:
+            table.add_column(
+                header, justify="left" if key in ("stage", "parent", "status") else "right", overflow="fold"
+            )
+        for row in stage_rows(report, scen["name"]):
+            style = STATUS_STYLE.get(row["status"], "")
+            cells = [row[k] for k, _ in cols]
+            cells[2] = f"[{style}]{cells[2]}[/]" if style else cells[2]
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def summary_table(report: dict[str, Any]) -> Table | None:
+    if len(report["scenarios"]) < 2:
+        return None
+    head, rows = scenario_summary(report)
+    table = Table(
+        title="scenario x stage: speedup vs stage 0 (P50 in the stage's own session)",
+        title_justify="left",
+        header_style="bold",
+    )
+    for h in head:
+        table.add_column(h, justify="left" if h == "stage" else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -1,0 +1,503 @@
+"""Deployable bundles: `optimizer export` writes one, `optimizer verify` checks one, `optimizer bench` times one.
+
+A bundle holds the model files, reference inputs and the stage's outputs on them (reference.npz), and
+manifest.json: inputs and outputs with dtypes and shapes, precision summary, runtime options, library
+versions, the hardware it was tuned on, the stage's benchmark and accuracy numbers, the tolerance verify
+applies, and the sha256 of every file. `triton` lays the same out as a Triton model repository.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from optimizer.core.artifact import Artifact, file_sha256
+from optimizer.core.errors import OptimizerError
+
+MANIFEST = "manifest.json"
+REFERENCE = "reference.npz"
+# Triton's data types by ONNX TensorProto type name (Triton's model_config.proto DataType); FLOAT8 and other
+# types Triton has no name for are refused with the tensor named, never mapped to FP32.
+TRITON_TYPES = {
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FLOAT16": "TYPE_FP16",
+    "FLOAT": "TYPE_FP32",
+    "DOUBLE": "TYPE_FP64",
+    "STRING": "TYPE_STRING",
+    "BFLOAT16": "TYPE_BF16",
+}
+# Triton's onnxruntime backend numbers graph levels its own way: -1 basic, 1 basic + extended, 2 all disabled;
+# without the field ORT's default applies (all on). See the backend's README, "Model Config Options".
+TRITON_GRAPH_LEVEL = {"disable_all": 2, "basic": -1, "extended": 1, "all": None}
+
+
+def onnx_dtype(elem_type: int) -> tuple[str, str]:
+    """(numpy dtype name or the ONNX name when numpy has none, ONNX TensorProto type name), from onnx's tables."""
+    from onnx import TensorProto, helper
+
+    onnx_name = TensorProto.DataType.Name(elem_type)
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(elem_type)), onnx_name
+    except (KeyError, ValueError, TypeError):
+        return onnx_name.lower(), onnx_name
+
+
+def pick_stage(report: dict[str, Any], name: str) -> dict[str, Any]:
+    """The named stage, or "best" by the one rule (optimizer/best.py): fastest within the budget by the chained
+    interleaved ratios, ties within noise broken by size."""
+    stages = [s for s in report["stages"] if s["status"] in ("ran", "cached") and s.get("artifact")]
+    if name != "best":
+        stage = next((s for s in report["stages"] if s["name"] == name), None)
+        if stage is None:
+            raise OptimizerError(
+                f"--stage: no stage {name!r} (stages: {', '.join(s['name'] for s in report['stages'])})"
+            )
+        if stage not in stages:
+            raise OptimizerError(f"--stage: stage {name!r} has no artifact to export ({stage['status']})")
+        return stage
+    from optimizer.measure.best import best_stage
+
+    chosen, why = best_stage(report)
+    if chosen is None:
+        raise OptimizerError(f"--stage best: {why}")
+    return chosen
+
+
+def _io(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from optimizer.runtime import onnx_io
+
+    model = onnx_io.load(model_path, with_weights=False)
+    inits = {t.name for t in model.graph.initializer}
+
+    def describe(v: Any) -> dict[str, Any]:
+        t = v.type.tensor_type
+        dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in t.shape.dim]
+        dtype, onnx_type = onnx_dtype(t.elem_type)
+        return {"name": v.name, "dtype": dtype, "onnx_type": onnx_type, "shape": dims}
+
+    return [describe(v) for v in model.graph.input if v.name not in inits], [describe(v) for v in model.graph.output]
+
+
+def _precision(stage: dict[str, Any]) -> dict[str, Any]:
+    notes = stage.get("notes") or {}
+    if stage["type"] == "quantize":
+        return {
+            "mode": notes.get("mode"),
+            "int8_nodes": notes.get("int8_nodes"),
+            "quantization_ops": notes.get("quantization_ops"),
+        }
+    return {"mode": "fp32"}
+
+
+def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) -> Path:
+    """Write the bundle into a staging folder beside `out` and move it into place only when it is complete, so a
+    failed export leaves nothing half-written behind."""
+    stage = pick_stage(report, stage_name)
+    artifact = Artifact.from_json(stage["artifact"])
+    run_dir = Path(report["run_dir"])
+    if artifact.path is not None and not artifact.path.is_file():  # the run folder moved, or a relative path
+        artifact = Artifact(
+            artifact.kind, run_dir / stage["folder"] / artifact.path.name, artifact.runtime, artifact.meta
+        )
+    if fmt == "tensorrt" and artifact.kind != "trt_engine":
+        raise OptimizerError(
+            f"--format tensorrt: stage {stage['name']!r} is {artifact.kind}, not a TensorRT engine "
+            "(this run has no tensorrt stage)"
+        )
+    if fmt != "tensorrt" and (artifact.kind != "onnx" or artifact.path is None):
+        raise OptimizerError(f"--stage: {stage['name']!r} is a {artifact.kind} artifact; export takes ONNX stages")
+    if out.exists() and not out.is_dir():
+        raise OptimizerError(f"--out: {out} exists and is a file; give a new or empty folder")
+    if out.exists() and any(out.iterdir()):
+        raise OptimizerError(f"--out: {out} exists and is not empty")
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        model_name = report["recipe"]["name"].replace("-", "_")
+        root = staging / model_name if fmt == "triton" else staging
+        root.mkdir(parents=True, exist_ok=True)
+        if fmt == "tensorrt":
+            specific = _engine_bundle(report, stage, artifact, root)
+        elif artifact.meta.get("decode"):
+            from optimizer.deploy.generation import export_generation_bundle
+
+            specific = export_generation_bundle(report, stage, artifact, fmt, root)
+        else:
+            specific = _forward_bundle(report, artifact, fmt, root, model_name)
+        _write_manifest(report, stage, artifact, fmt, model_name, root, specific)
+        if out.exists():
+            out.rmdir()  # checked empty above
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out / model_name if fmt == "triton" else out
+
+
+def _forward_bundle(
+    report: dict[str, Any], artifact: Artifact, fmt: str, root: Path, model_name: str
+) -> dict[str, Any]:
+    """One graph: the model, and its outputs on one input per scenario."""
+    from optimizer.recipe.loading import parse_recipe
+    from optimizer.runtime.inputs import build_feeds
+    from optimizer.runtime.runners.ort_runner import OrtRunner
+
+    assert artifact.path is not None
+    model_dir = root / "1" if fmt == "triton" else root
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for f in artifact.files():
+        shutil.copyfile(f, model_dir / ("model.onnx" if f == artifact.path else f.name))
+    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
+    arrays: dict[str, np.ndarray] = {}
+    feeds, results = [], []
+    bundled = Artifact("onnx", model_dir / "model.onnx", artifact.runtime, artifact.meta)
+    with OrtRunner(bundled, recipe).load() as session:
+        for sf in build_feeds(recipe, 1, per_scenario=False):
+            outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
+            arrays.update({f"{sf.scenario.name}/in/{k}": v for k, v in sf.timing.items()})
+            arrays.update(
+                {f"{sf.scenario.name}/out/{n}": o for n, o in zip(session.output_names, outputs, strict=True)}
+            )
+            feeds.append({k: sf.timing[k] for k in session.input_names})
+            results.append(dict(zip(session.output_names, outputs, strict=True)))
+    np.savez(root / REFERENCE, **arrays)
+    _polygraphy_reference(root, feeds, results)
+    inputs, outputs = _io(model_dir / "model.onnx")
+    if fmt == "triton":
+        (root / "config.pbtxt").write_text(triton_config(model_name, inputs, outputs, report, artifact.runtime))
+    return {
+        "model": str((model_dir / "model.onnx").relative_to(root)),
+        "inputs": inputs,
+        "outputs": outputs,
+        "tolerance": {"min_cosine": 0.9999, "max_abs_relative": 1e-3},
+    }
+
+
+POLYGRAPHY_INPUTS, POLYGRAPHY_OUTPUTS = "polygraphy_inputs.json", "polygraphy_outputs.json"
+
+
+def _polygraphy_reference(root: Path, feeds: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]]) -> None:
+    """The reference in Polygraphy's own formats (a list of feed dicts; RunResults), so a bundle can be checked
+    without this tool: `polygraphy run model.onnx --onnxrt --load-inputs polygraphy_inputs.json
+    --load-outputs polygraphy_outputs.json` (or `--trt` with an engine). Checking only: timing stays ours."""
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import save_json
+
+    save_json(feeds, str(root / POLYGRAPHY_INPUTS), description="optimizer bundle reference inputs")
+    results = RunResults()
+    results.add(outputs, runner_name="optimizer-reference")
+    results.save(str(root / POLYGRAPHY_OUTPUTS))
+
+
+def _engine_bundle(report: dict[str, Any], stage: dict[str, Any], artifact: Artifact, root: Path) -> dict[str, Any]:
+    """A TensorRT engine (model.plan, tied to its GPU and TensorRT version), its engine.json, and as reference
+    the first input of each scenario with stage 0's outputs on it: an engine cannot be run without its GPU, so
+    the expected outputs are the reference the stage was judged against, and the tolerance is what it scored."""
+    from optimizer.recipe.loading import parse_recipe
+    from optimizer.runtime.inputs import build_feeds
+
+    assert artifact.path is not None
+    shutil.copyfile(artifact.path, root / "model.plan")
+    meta_file = artifact.path.parent / "engine.json"
+    if meta_file.is_file():
+        shutil.copyfile(meta_file, root / "engine.json")
+    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
+    names = report["stages"][0]["artifact"]["meta"].get("output_names") or []
+    ref_path = Path(report["run_dir"]) / report["stages"][0]["folder"] / "reference.npz"
+    if not ref_path.is_file():
+        raise OptimizerError(f"--format tensorrt: {ref_path} (stage 0's outputs, the reference) is missing")
+    arrays: dict[str, np.ndarray] = {}
+    feeds, results = [], []
+    with np.load(ref_path) as ref:
+        for sf in build_feeds(recipe, 1, per_scenario=False):
+            scen = sf.scenario.name
+            arrays.update({f"{scen}/in/{k}": v for k, v in sf.timing.items()})
+            for j, name in enumerate(names):
+                arrays[f"{scen}/out/{name}"] = ref[f"{scen}|0|{j}"]
+            feeds.append(dict(sf.timing))
+            results.append({name: ref[f"{scen}|0|{j}"] for j, name in enumerate(names)})
+    np.savez(root / REFERENCE, **arrays)
+    _polygraphy_reference(root, feeds, results)
+    accuracy = (stage.get("metrics") or {}).get("accuracy") or {}
+    worst = min((a.get("cosine", 1.0) for a in accuracy.values()), default=1.0)
+    feed = build_feeds(recipe, 1, per_scenario=False)
+    first = next(iter(feed)).timing
+    return {
+        "model": "model.plan",
+        "inputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in first.items()],
+        "outputs": [{"name": n} for n in names],
+        "engine": artifact.meta.get("engine") or {},
+        # Outputs are stage 0's: the engine must come as close as it did when it was measured.
+        "tolerance": {"min_cosine": round(max(worst - 1e-3, 0.0), 6), "against": "stage 0", "max_abs_relative": None},
+    }
+
+
+def _write_manifest(
+    report: dict[str, Any],
+    stage: dict[str, Any],
+    artifact: Artifact,
+    fmt: str,
+    model_name: str,
+    root: Path,
+    specific: dict[str, Any],
+) -> None:
+    metrics = stage.get("metrics") or {}
+    manifest = {
+        "format": fmt,
+        "model_name": model_name,
+        "stage": stage["name"],
+        "stage_type": stage["type"],
+        "precision": _precision(stage),
+        **specific,
+        "runtime": {
+            "onnxruntime_session": artifact.runtime,
+            "providers": ["CPUExecutionProvider"],
+            "threads": report["settings"]["threads"],
+        },
+        "library_versions": report["environment"]["packages"],
+        "tuned_on": {
+            "cpu": report["environment"]["cpu"],
+            "device": report["settings"]["device"],
+            "platform": report["environment"]["platform"],
+        },
+        "benchmark": {
+            s: {k: v for k, v in m.items() if k != "samples_ms"} for s, m in (metrics.get("scenarios") or {}).items()
+        },
+        "accuracy_vs_stage_0": metrics.get("accuracy"),
+        "recipe": report["recipe"],
+    }
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest["files"] = {str(p.relative_to(root)): file_sha256(p) for p in files}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def triton_config(
+    name: str,
+    inputs: list[dict[str, Any]],
+    outputs: list[dict[str, Any]],
+    report: dict[str, Any],
+    runtime: dict[str, Any],
+) -> str:
+    """config.pbtxt for Triton's ONNX Runtime backend; batch dim first when every input and output has one."""
+    batched = all(t["shape"] and t["shape"][0] == "batch" for t in inputs + outputs)
+    sweep = report.get("batch_sweep") or {}
+    max_batch = (sweep.get("max_batch") or max(s["batch"] for s in report["scenarios"])) if batched else 0
+    preferred = sweep.get("preferred_batch") or max_batch
+
+    def tensor(t: dict[str, Any]) -> str:
+        dims = t["shape"][1:] if batched else t["shape"]
+        dims_txt = ", ".join(str(d) if isinstance(d, int) else "-1" for d in dims)
+        kind = t.get("onnx_type") or t["dtype"].upper()
+        if kind not in TRITON_TYPES:
+            raise OptimizerError(f"--format triton: tensor {t['name']!r} has type {kind}, which Triton has no type for")
+        return f'  {{\n    name: "{t["name"]}"\n    data_type: {TRITON_TYPES[kind]}\n    dims: [ {dims_txt} ]\n  }}'
+
+    level = TRITON_GRAPH_LEVEL[runtime.get("graph_optimization_level", "disable_all")]
+    gpu = report["settings"].get("device") == "cuda"
+
+    def param(key: str, value: object) -> str:
+        return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+
+    lines = [
+        f'name: "{name}"',
+        'platform: "onnxruntime_onnx"',
+        f"max_batch_size: {max_batch}",
+        "input [\n" + ",\n".join(tensor(t) for t in inputs) + "\n]",
+        "output [\n" + ",\n".join(tensor(t) for t in outputs) + "\n]",
+        f"instance_group [ {{ count: 1, kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]",
+        # Served as it was measured: the benchmarked threads and execution mode, not the backend's defaults.
+        param("intra_op_thread_count", report["settings"]["threads"]),
+        param("inter_op_thread_count", int(runtime.get("inter_op_threads", 1))),
+        param("execution_mode", 1 if runtime.get("execution_mode") == "parallel" else 0),
+    ]
+    if level is not None:
+        lines.append(f"optimization {{ graph {{ level: {level} }} }}")
+    if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/sweep.py)
+        lines.append(f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 100 }}")
+    return "\n".join(lines) + "\n"
+
+
+class _ManifestShape(BaseModel):
+    """What verify relies on before it reads anything: the rest is read by the format's own check."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal["onnx", "triton", "tensorrt"]
+    files: dict[str, str]
+    model: str | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _plain_names(cls, files: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in files if not name or "\x00" in name]
+        if bad:
+            raise ValueError(f"file name {bad[0]!r} is empty or holds a NUL")
+        return files
+
+    @field_validator("model")
+    @classmethod
+    def _plain_model(cls, model: str | None) -> str | None:
+        if model is not None and "\x00" in model:
+            raise ValueError("the model path holds a NUL")
+        return model
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
+    try:
+        data = json.loads(path.read_text())
+        _ManifestShape.model_validate(data)
+    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        first = str(e).strip().splitlines()
+        return None, " ".join(first[:3])[:300]
+    return data, ""
+
+
+def verify_bundle(root: Path) -> list[str]:
+    """Problems found (empty when the bundle is good): checksums, then outputs on the reference inputs."""
+    from optimizer.measure.accuracy import AccuracyMeter
+
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        return [f"{manifest_path}: missing"]
+    manifest, why = _read_manifest(manifest_path)
+    if manifest is None:
+        return [f"{manifest_path}: not a bundle manifest ({why})"]
+    problems = []
+    inside = root.resolve()
+    named = [*manifest["files"], *([manifest["model"]] if manifest.get("model") else [])]
+    outside = [rel for rel in named if not (root / rel).resolve().is_relative_to(inside)]
+    if outside:  # never read (or run) anything the manifest points at outside the bundle
+        return [f"{rel}: outside the bundle; a manifest may name only files inside it" for rel in outside]
+    listed = {str(Path(rel)) for rel in manifest["files"]} | {MANIFEST}
+    problems += [
+        f"{p.relative_to(root)}: not in the manifest (added after export?)"
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and str(p.relative_to(root)) not in listed
+    ]
+    for rel, digest in manifest["files"].items():
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+        elif file_sha256(path) != digest:
+            problems.append(f"{rel}: sha256 differs from the manifest (the file was changed)")
+    if problems:
+        return problems
+    if manifest.get("workload") == "generation":
+        from optimizer.deploy.generation import verify_generation
+
+        return verify_generation(root, manifest)
+    if manifest["format"] == "tensorrt":
+        return _verify_engine(root, manifest)
+    session = _session(root, manifest)
+    names = [o.name for o in session.get_outputs()]
+    tol = manifest["tolerance"]
+    with np.load(root / REFERENCE) as ref:
+        scenarios = sorted({k.split("/")[0] for k in ref.files})
+        for scen in scenarios:
+            feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
+            got = session.run(names, {i.name: feed[i.name] for i in session.get_inputs()})
+            meter = AccuracyMeter(names)
+            expected = [ref[f"{scen}/out/{n}"] for n in names]
+            bad = [n for n, e in zip(names, expected, strict=True) if e.dtype.kind == "f" and not np.isfinite(e).all()]
+            if bad:
+                problems.append(f"reference outputs {bad} on {scen} contain NaN/inf: nothing to verify against")
+                continue
+            meter.add(expected, got)
+            for n, acc in meter.per_output.items():
+                scale = float(np.max(np.abs(ref[f"{scen}/out/{n}"]))) or 1.0
+                if acc.cosine < tol["min_cosine"] or acc.max_abs > tol["max_abs_relative"] * scale:
+                    problems.append(
+                        f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
+                        f"outside the tolerance {tol}"
+                    )
+    return problems
+
+
+def unchecked_reason(root: Path) -> str | None:
+    """Why verify could not run a bundle's model here (a TensorRT engine without TensorRT or a GPU), or None."""
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file() or json.loads(manifest_path.read_text()).get("format") != "tensorrt":
+        return None
+    from optimizer.runtime.gpu import tensorrt_reason
+
+    return tensorrt_reason()
+
+
+def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The engine's outputs on the reference inputs against stage 0's, within the recorded cosine; skipped (and
+    said by the CLI) where TensorRT or a GPU is missing."""
+    if unchecked_reason(root) is not None:
+        return []
+    from optimizer.measure.accuracy import compare, mask_of
+    from optimizer.runtime.runners.trt_runner import TrtRunner
+
+    names = [o["name"] for o in manifest["outputs"]]
+    problems = []
+    artifact = Artifact("trt_engine", root / manifest["model"], {"cuda_graph": False}, {})
+    with TrtRunner(artifact, None).load() as session, np.load(root / REFERENCE) as ref:
+        for scen in sorted({k.split("/")[0] for k in ref.files}):
+            feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
+            got = session.to_numpy(session.run(session.prepare(feed)))
+            meter = compare([ref[f"{scen}/out/{n}"] for n in names], got, names, mask_of(feed))
+            if meter.worst_cosine() < manifest["tolerance"]["min_cosine"]:
+                problems.append(
+                    f"engine outputs on {scen}: cosine {meter.worst_cosine():.6f} below {manifest['tolerance']}"
+                )
+    return problems
+
+
+def _session(root: Path, manifest: dict[str, Any], model: str | None = None) -> Any:
+    """A CPU session on one of the bundle's graphs (default: its model) with the runtime options it records."""
+    import onnxruntime as ort
+
+    from optimizer.runtime.runners.ort_runner import session_options
+
+    path = root / (model or manifest["model"])
+    so = session_options(manifest["runtime"]["onnxruntime_session"], int(manifest["runtime"]["threads"]))
+    try:
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise OptimizerError(f"{path}: onnxruntime cannot load it: {e}") from e
+
+
+def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
+    """The bundle timed by the same harness as compile (alone: there is no parent), per reference scenario."""
+    from optimizer.measure.harness import time_calls, warm_up
+    from optimizer.measure.stats import LatencyStats
+
+    manifest = json.loads((root / MANIFEST).read_text())
+    if manifest.get("workload") == "generation":
+        from optimizer.deploy.generation import bench_generation
+
+        return bench_generation(root, manifest, rounds, iterations)
+    session = _session(root, manifest)
+
+    class Bare:
+        def run(self, prepared: Any) -> Any:
+            return session.run(None, prepared)
+
+    out = {}
+    with np.load(root / REFERENCE) as ref:
+        for scen in sorted({k.split("/")[0] for k in ref.files}):
+            feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
+            feed = {i.name: feed[i.name] for i in session.get_inputs()}
+            warm_up(Bare(), feed, 5)  # type: ignore[arg-type]
+            samples = [x for _ in range(rounds) for x in time_calls(Bare(), feed, iterations)]  # type: ignore[arg-type]
+            out[scen] = {
+                "latency": LatencyStats.of(samples).to_json(),
+                "recorded_p50_ms": manifest["benchmark"].get(scen, {}).get("latency", {}).get("p50_ms"),
+            }
+    return out

@@ -1,0 +1,415 @@
+"""The pipeline: build stage 0, run each pass into its own folder, measure every stage with one harness.
+
+Caching: a stage's key hashes its parent's key, the pass type, version and config, and the inputs; a
+finished stage folder with the same key is reused as is. Its measurements are reused too when the
+benchmark settings and the parent it was timed against are unchanged, so editing the last pass of a
+recipe re-runs and re-measures only that pass.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import traceback
+import zipfile
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from optimizer.core.artifact import Artifact, file_sha256
+from optimizer.core.errors import InputError, OptimizerError, PassError
+from optimizer.core.pass_base import PassContext
+from optimizer.core.registry import pass_class
+from optimizer.core.stage import StageRecord
+from optimizer.engine import rundir as rd
+from optimizer.measure.forward import MEASURE_VERSION, Reference, measure_stage
+from optimizer.recipe.schema import SOURCE_STAGE, Recipe, recipe_dict
+from optimizer.runtime.inputs import FeedSet, build_feeds
+from optimizer.runtime.runners import runner_reason
+
+
+class Events(Protocol):
+    def stage_start(self, rec: StageRecord) -> None: ...
+    def stage_progress(self, rec: StageRecord, what: str, done: int, total: int) -> None: ...
+    def stage_end(self, rec: StageRecord) -> None: ...
+
+
+class NullEvents:
+    def stage_start(self, rec: StageRecord) -> None: ...
+    def stage_progress(self, rec: StageRecord, what: str, done: int, total: int) -> None: ...
+    def stage_end(self, rec: StageRecord) -> None: ...
+
+
+def _feeds_hash(feeds: FeedSet) -> str:
+    arrays = [
+        (s, i, n, a.dtype.str, a.shape, a.tobytes().hex()[:4096], int(a.sum()) if a.size else 0)
+        for s, sf in feeds.by_scenario.items()
+        for i, f in enumerate(sf.samples)
+        for n, a in f.items()
+    ]
+    return rd.content_hash(arrays)
+
+
+def _metrics_digest(key: str, saved: dict[str, Any]) -> str:
+    """A checksum of a metrics.json's numbers: an edited file is measured again, not trusted."""
+    return rd.content_hash(key, saved.get("metrics"), saved.get("bench_seconds"))
+
+
+def _save_reference(path: Path, ref: Reference) -> None:
+    arrays = {
+        f"{s}|{i}|{j}": o for s, samples in ref.items() for i, outs in enumerate(samples) for j, o in enumerate(outs)
+    }
+    tmp = path.with_name(".reference.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _load_reference(path: Path) -> Reference | None:
+    """Stage 0's outputs, or None when the file is missing or cannot be read whole (truncated, not an npz):
+    then stage 0 is measured again and writes it anew."""
+    if not path.is_file():
+        return None
+    ref: Reference = {}
+    try:
+        with np.load(path) as data:
+            keys = sorted(data.files, key=lambda k: (k.split("|")[0], int(k.split("|")[1]), int(k.split("|")[2])))
+            for key in keys:
+                s, i, _ = key.split("|")
+                samples = ref.setdefault(s, [])
+                if int(i) == len(samples):
+                    samples.append([])
+                samples[int(i)].append(data[key])
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+        return None
+    return ref or None
+
+
+class Pipeline:
+    def __init__(
+        self, recipe: Recipe, out_dir: Path, events: Events | None = None, use_cache: bool = True, measure: bool = True
+    ) -> None:
+        self.recipe = recipe
+        self.measure = measure
+        self.run = rd.RunDir(out_dir.resolve())  # absolute: artifact paths in the report work from anywhere
+        self.events = events or NullEvents()
+        self.use_cache = use_cache
+        self.records: list[StageRecord] = []
+        self.reference: Reference | None = None
+        self.on_stage_done: list[Any] = []  # callbacks(records), e.g. writing the report after each stage
+
+    # ------------------------------------------------------------ public
+    def execute(self) -> list[StageRecord]:
+        self.run.prepare()
+        self.records = [StageRecord(0, SOURCE_STAGE, "source", None)]
+        for i, spec in enumerate(self.recipe.passes, start=1):
+            parent = spec.from_ or self.records[-1].name
+            self.records.append(StageRecord(i, spec.stage_name, spec.type, parent))
+        try:
+            self.feeds = build_feeds(self.recipe, self.recipe.accuracy.samples)
+        except BaseException:
+            self.run.release()
+            raise
+        self.feeds_key = _feeds_hash(self.feeds)
+        self._calibrate("before_ms")
+        stop_reason: str | None = None
+        current: StageRecord | None = None
+        try:
+            for rec in self.records:
+                current = rec
+                if stop_reason:
+                    rec.status, rec.reason = "not run", stop_reason
+                    continue
+                self.events.stage_start(rec)
+                self._stage(rec)
+                self.events.stage_end(rec)
+                self._notify()
+                if rec.status == "failed" and (rec.index == 0 or self.recipe.on_failure == "stop"):
+                    stop_reason = f"stage {rec.name!r} failed (on_failure: {self.recipe.on_failure})"
+            if not stop_reason and self.measure and self.recipe.batch_sweep and self.recipe.workload == "forward":
+                self._sweep()
+            self._calibrate("after_ms")
+        except KeyboardInterrupt:
+            if current is not None:
+                current.status, current.reason = "interrupted", "interrupted (Ctrl-C or SIGTERM)"
+                for rec in self.records[current.index + 1 :]:
+                    rec.status, rec.reason = "not run", "the run was interrupted"
+            self._notify()
+            raise
+        finally:
+            self.run.release()
+        return self.records
+
+    def _calibrate(self, when: str) -> None:
+        """Time the fixed calibration workload (optimizer/machine.py) at the start and end of a measuring run:
+        whether the machine changed under the run. Kept in machine.json for the report."""
+        if not self.measure:
+            return
+        from optimizer.measure.machine import calibration_ms
+
+        path = self.run.root / "machine.json"
+        data = (rd.read_json(path) or {}) if when == "after_ms" else {}
+        data[when] = round(calibration_ms(), 4)
+        rd.write_json(path, data)
+
+    def _sweep(self) -> None:
+        """The batch sweep of the chosen stage, cached in batch_sweep.json by stage key and settings."""
+        from optimizer.engine.sweep import pick_stage, run_sweep
+
+        path = self.run.root / "batch_sweep.json"
+        stage = pick_stage(self.recipe, self.records)
+        if stage is None:
+            which = self.recipe.batch_sweep.stage if self.recipe.batch_sweep else "best"
+            why = f"batch_sweep.stage {which!r}: no such stage with an artifact (best: none measured within budget)"
+            rd.write_json(path, {"key": None, "result": {"why": why}})
+            return
+        settings = recipe_dict(self.recipe)
+        key = rd.content_hash(stage.key, settings["batch_sweep"], settings["benchmark"], settings["target"])
+        cached = rd.read_json(path) if self.use_cache else None
+        if cached and cached.get("key") == key:
+            return
+        label = StageRecord(len(self.records), f"batch sweep of {stage.name}", "sweep", stage.name)
+        self.events.stage_start(label)
+        result = run_sweep(self.recipe, stage, self._progress(label))
+        label.status = "ran"
+        self.events.stage_end(label)
+        rd.write_json(path, {"key": key, "result": result})
+
+    def record(self, name: str) -> StageRecord:
+        return next(r for r in self.records if r.name == name)
+
+    # ------------------------------------------------------------ stages
+    def _notify(self) -> None:
+        for callback in self.on_stage_done:
+            callback(self.records)
+
+    def _progress(self, rec: StageRecord) -> Any:
+        return lambda what, done, total: self.events.stage_progress(rec, what, done, total)
+
+    def _stage(self, rec: StageRecord) -> None:
+        try:
+            if rec.index == 0:
+                self._source(rec)
+            else:
+                self._pass(rec)
+            unrunnable = runner_reason(rec.artifact, self.recipe) if rec.ok and rec.artifact else None
+            if unrunnable and rec.index == 0:  # no reference without stage 0: nothing could be measured
+                rec.status, rec.reason = "failed", f"target.device {self.recipe.target.device}: {unrunnable}"
+                rec.notes["error_kind"] = "input"
+            elif unrunnable:  # built, but this machine cannot run it on the target: keep it for later passes
+                rec.reason = f"not measured: {unrunnable}"
+            elif rec.ok and self.measure:
+                self._measure(rec)
+        except PassError as e:
+            rec.status, rec.reason = "failed", e.message
+        except InputError as e:
+            rec.status, rec.reason = "failed", str(e)
+            rec.notes["error_kind"] = "input"  # the recipe's inputs do not fit the model: a usage error
+        except OptimizerError as e:
+            rec.status, rec.reason = "failed", str(e)
+        except Exception as e:
+            # A library (or our code) blew up in a way it does not document: keep the run, say what happened.
+            rec.status, rec.reason = (
+                "failed",
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+            )
+        if rec.status == "failed":
+            rec.notes["traceback"] = traceback.format_exc()
+        if rec.status == "failed" and rec.index > 0:
+            parent = self.record(rec.parent or SOURCE_STAGE)
+            rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+
+    def _source(self, rec: StageRecord) -> None:
+        from optimizer.engine.source import source_artifact
+
+        rec.key = rd.content_hash(
+            "source",
+            recipe_dict(self.recipe)["model"],
+            self.feeds.input_names,
+            self.recipe.outputs,
+            self.feeds_key,
+            self._input_files_digest(),
+        )
+        folder = self.run.stage_dir(0, rec.name)
+        info = rd.read_json(folder / rd.STAGE_FILE) if self.use_cache else None
+        if info and info.get("key") == rec.key:
+            rec.artifact, rec.status = Artifact.from_json(info["artifact"]), "cached"
+        else:
+            self.events.stage_progress(rec, "loading the source model", 0, 0)
+            start = time.perf_counter()
+            rec.artifact = source_artifact(self.recipe, self.feeds)
+            rec.pass_seconds = time.perf_counter() - start
+            folder.mkdir(parents=True, exist_ok=True)
+            rd.write_json(folder / rd.STAGE_FILE, {"key": rec.key, "status": "ran", "artifact": rec.artifact.to_json()})
+            rec.status = "ran"
+        rec.folder, rec.measured_against = folder.name, rec.name
+
+    def _input_files_digest(self) -> list[str]:
+        """sha256 of the files the recipe reads by path (an ONNX source and its external data, the data file):
+        a file replaced in place under the same name must not be served from the cache."""
+        from optimizer.core.artifact import file_sha256
+        from optimizer.recipe.schema import OnnxSource
+
+        paths = []
+        if isinstance(self.recipe.model, OnnxSource):
+            model = self.recipe.resolve(self.recipe.model.path)
+            paths.append(model)
+            paths += sorted(p for p in model.parent.glob("*.data") if p.is_file())
+        if self.recipe.data_file:
+            paths.append(self.recipe.resolve(self.recipe.data_file))
+        return [f"{p.name}:{file_sha256(p)}" for p in paths if p.is_file()]
+
+    @staticmethod
+    def _intact(artifact: Artifact, info: dict[str, Any]) -> bool:
+        """A cached stage's files are all there with the sizes and sha256 they were written with."""
+        files = artifact.files()
+        if not all(f.is_file() for f in files):
+            return False
+        sizes, digests = info.get("file_sizes"), info.get("file_sha256")
+        if sizes is not None and not all(sizes.get(f.name) == f.stat().st_size for f in files):
+            return False
+        return digests is None or all(digests.get(f.name) == file_sha256(f) for f in files)
+
+    def _pass(self, rec: StageRecord) -> None:
+        spec = self.recipe.passes[rec.index - 1]
+        parent = self.record(rec.parent or SOURCE_STAGE)
+        cls = pass_class(spec.type)
+        instance = cls(cls.Config.model_validate(spec.config))
+        if parent.artifact is None:
+            rec.status, rec.reason = "not run", f"parent {parent.name!r} has no artifact"
+            return
+        done = tuple(r.name for r in self.records[: rec.index] if r.ok)
+        probe = PassContext(self.recipe, rec.name, self.run.root, self.feeds, done)
+        reason = instance.skip_reason(parent.artifact, probe)
+        if reason:
+            rec.status, rec.reason = "skipped", reason
+            rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+            return
+        config = instance.config.model_dump(mode="json")
+        rec.key = rd.content_hash(parent.key, spec.type, cls.version, config, self.feeds_key, self.recipe.target.device)
+        cached = self.run.find_cached(rec.key) if self.use_cache else None
+        if cached is not None:
+            info = rd.read_json(cached / rd.STAGE_FILE) or {}
+            if not self._intact(self._relocate(Artifact.from_json(info["artifact"]), cached), info):
+                rec.notes["cache"] = f"cached folder {cached.name} was incomplete or changed: rebuilt"
+                shutil.rmtree(cached, ignore_errors=True)
+                cached = None
+        if cached is not None and cached.name in {r.folder for r in self.records[: rec.index]}:
+            # An earlier stage of this run has the same key (same pass, config and parent): it keeps its folder,
+            # this stage gets a copy of it.
+            copy = self.run.building_dir(rec.index, rec.name)
+            shutil.copytree(cached, copy, dirs_exist_ok=True)
+            cached = copy
+        if cached is not None:
+            folder = self.run.place(cached, rec.index, rec.name)
+            info = rd.read_json(folder / rd.STAGE_FILE) or {}
+            rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
+            rec.notes, rec.pass_seconds, rec.status = (
+                info.get("notes", {}),
+                info.get("pass_seconds"),
+                "cached",
+            )
+        else:
+            self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
+            building = self.run.building_dir(rec.index, rec.name)
+            ctx = PassContext(self.recipe, rec.name, building, self.feeds, done, self._progress(rec))
+            start = time.perf_counter()
+            try:
+                result = instance.run(parent.artifact, ctx)
+            except BaseException:
+                shutil.rmtree(building, ignore_errors=True)  # a half-built stage is never kept
+                raise
+            rec.pass_seconds = time.perf_counter() - start
+            rebuilt = rec.notes.get("cache")
+            rec.notes = dict(result.notes) | ({"cache": rebuilt} if rebuilt else {})
+            info = {
+                "key": rec.key,
+                "status": "ran",
+                "type": spec.type,
+                "config": config,
+                "artifact": self._portable(result.artifact, building),
+                "notes": rec.notes,
+                "pass_seconds": rec.pass_seconds,
+                "file_sizes": {f.name: f.stat().st_size for f in result.artifact.files() if f.is_file()},
+                "file_sha256": {f.name: file_sha256(f) for f in result.artifact.files() if f.is_file()},
+            }
+            rd.write_json(building / rd.STAGE_FILE, info)
+            folder = self.run.place(building, rec.index, rec.name)
+            rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
+            rec.status = "ran"
+        rec.folder, rec.measured_against = folder.name, rec.name
+
+    @staticmethod
+    def _portable(artifact: Artifact, folder: Path) -> dict[str, Any]:
+        """Artifact JSON with a path relative to its stage folder, so a renamed folder still resolves."""
+        d = artifact.to_json()
+        if artifact.path is not None and artifact.path.parent == folder:
+            d["path"] = artifact.path.name
+        return d
+
+    @staticmethod
+    def _relocate(artifact: Artifact, folder: Path) -> Artifact:
+        if artifact.path is not None and not artifact.path.is_absolute():
+            return Artifact(artifact.kind, folder / artifact.path, artifact.runtime, artifact.meta)
+        return artifact
+
+    # ------------------------------------------------------------ measurement
+    def _measure(self, rec: StageRecord) -> None:
+        assert rec.artifact is not None and rec.folder is not None
+        folder = self.run.root / rec.folder
+        source = self.records[0]
+        against = self.record(self.record(rec.parent).measured_against or SOURCE_STAGE) if rec.parent else None
+        settings = recipe_dict(self.recipe)
+        key = rd.content_hash(
+            MEASURE_VERSION,
+            rec.key,
+            against.key if against else None,
+            settings["benchmark"],
+            settings["target"],
+            settings["accuracy"],
+            settings["scenarios"],
+            self.feeds_key,
+        )
+        ref_path = self.run.stage_dir(0, SOURCE_STAGE) / "reference.npz"
+        if self.use_cache:
+            cached = rd.read_json(folder / rd.METRICS_FILE)
+            if cached and cached.get("key") == key and cached.get("digest") != _metrics_digest(key, cached):
+                why = "did not match its checksum" if "digest" in cached else "had no checksum (an older version's)"
+                rec.notes["cache"] = f"{rec.folder}/metrics.json {why}: measured again"
+            elif cached and cached.get("key") == key:
+                reference = _load_reference(ref_path) if rec.index == 0 else None
+                if rec.index > 0 or reference is not None:
+                    rec.metrics, rec.bench_seconds = cached["metrics"], cached.get("bench_seconds")
+                    if rec.index == 0:
+                        self.reference = reference
+                    return
+        if rec.index > 0 and self.reference is None:
+            self.reference = _load_reference(ref_path)
+            if self.reference is None:
+                raise OptimizerError(f"{ref_path}: stage 0's reference outputs are missing; run again with --no-cache")
+        start = time.perf_counter()
+        parent_artifact = against.artifact if against is not None else None
+        if parent_artifact is not None and runner_reason(parent_artifact, self.recipe):
+            parent_artifact = None  # the parent cannot run here: this stage is timed alone
+        measure_fn = measure_stage
+        if self.recipe.workload == "generation":
+            from optimizer.measure.generation import measure_generation_stage as measure_fn  # type: ignore[assignment]
+        metrics, new_ref = measure_fn(
+            rec.artifact,
+            parent_artifact,
+            self.recipe,
+            self.feeds,
+            self.reference if rec.index > 0 else None,
+            self._progress(rec),
+        )
+        rec.bench_seconds = time.perf_counter() - start
+        from optimizer.runtime.onnx_io import graph_stats
+
+        metrics["graph"] = graph_stats(rec.artifact)
+        metrics["size_bytes"] = rec.artifact.size_bytes()
+        rec.metrics = metrics
+        if new_ref is not None and rec is source:
+            self.reference = new_ref
+            _save_reference(ref_path, new_ref)
+        saved = {"key": key, "metrics": metrics, "bench_seconds": rec.bench_seconds}
+        rd.write_json(folder / rd.METRICS_FILE, {**saved, "digest": _metrics_digest(key, saved)})

@@ -1,0 +1,88 @@
+"""Stage 0: the source model as it is. PyTorch eager FP32 for torch sources; for an ONNX source, the file
+run by ONNX Runtime with its optimizations off. It is the reference for accuracy and speed."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import InputError
+from optimizer.recipe.schema import OnnxSource, Recipe
+from optimizer.runtime.inputs import FeedSet
+
+
+def _check_torch_inputs(module: Any, names: list[str]) -> None:
+    params = inspect.signature(module.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for i, name in enumerate(names):
+        if name not in params:
+            takes = ", ".join(p for p in params if params[p].kind is not inspect.Parameter.VAR_POSITIONAL)
+            raise InputError(
+                f"inputs[{i}].name: {name!r} is not an input of {type(module).__name__}.forward (it takes: {takes})"
+            )
+
+
+def _check_sequence_lengths(module: Any, recipe: Recipe) -> None:
+    config = getattr(module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not isinstance(limit, int):
+        return
+    for i, scen in enumerate(recipe.scenarios):
+        if scen.seq > limit:
+            raise InputError(
+                f"scenarios[{i}].seq: {scen.seq} is longer than the model takes (its positions stop at {limit}); "
+                f"use seq <= {limit}"
+            )
+
+
+def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
+    names = list(feeds.input_names)
+    if isinstance(recipe.model, OnnxSource):
+        from optimizer.runtime import onnx_io
+
+        path = recipe.resolve(recipe.model.path).resolve()
+        model = onnx_io.load(path, with_weights=False)
+        onnx_io.check(path)
+        graph_inputs = [i.name for i in model.graph.input]
+        initializers = {t.name for t in model.graph.initializer}
+        needed = [n for n in graph_inputs if n not in initializers]
+        for i, name in enumerate(names):
+            if name not in graph_inputs:
+                raise InputError(f"inputs[{i}].name: {name!r} is not an input of {path.name} (it takes: {needed})")
+        missing = [n for n in needed if n not in names]
+        if missing:
+            raise InputError(f"inputs: {path.name} also needs {missing}; add them to the recipe's inputs")
+        outputs = [o.name for o in model.graph.output]
+        return Artifact(
+            "onnx",
+            path,
+            {"graph_optimization_level": "disable_all"},
+            {"input_names": names, "output_names": outputs},
+        )
+
+    import torch
+
+    from optimizer.runtime.models import discover_outputs, load_module
+
+    module = load_module(recipe)
+    _check_torch_inputs(module, names)
+    _check_sequence_lengths(module, recipe)
+    first = next(iter(feeds)).timing
+    returned = discover_outputs(module, names, [torch.from_numpy(first[n]) for n in names])
+    for i, name in enumerate(recipe.outputs or []):
+        if name not in returned:
+            raise InputError(f"outputs[{i}]: {name!r} is not an output of the model (it returns: {returned})")
+    outputs = recipe.outputs or returned
+    if recipe.workload == "generation":
+        outputs = ["generation"]  # the greedy loop's tokens and per-step logits
+    tensors = list(module.parameters()) + list(module.buffers())
+    param_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    meta = {
+        "input_names": names,
+        "output_names": outputs,
+        "param_bytes": param_bytes,
+        "module": type(module).__name__,
+    }
+    return Artifact("torch", None, {}, meta)

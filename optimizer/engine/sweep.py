@@ -1,0 +1,101 @@
+"""Batch sweep: one stage's latency, throughput and memory across batch sizes, and the batching to deploy.
+
+For each batch size the stage is timed on inputs of the recipe's first scenario's sequence length with the
+same harness (warm-up, then `benchmark.rounds` x `benchmark.iterations` calls). The recommendation, like the
+seeds' dynamic batching configuration:
+  max_batch        the largest batch whose P99 stays within `latency_budget_ms` and whose memory growth stays
+                   within `memory_budget_mb` (default: half the memory available now);
+  preferred_batch  the smallest batch within max_batch that reaches 90% of the best throughput seen there,
+                   so requests are not held back for a batch that barely adds throughput.
+`optimizer export --format triton` writes these into config.pbtxt.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from optimizer.core.stage import StageRecord
+from optimizer.measure.harness import time_calls, warm_up
+from optimizer.measure.stats import LatencyStats
+from optimizer.recipe.schema import Recipe, Scenario
+from optimizer.runtime.inputs import build_feeds
+from optimizer.runtime.runners import runner_for
+
+
+def pick_stage(recipe: Recipe, records: list[StageRecord]) -> StageRecord | None:
+    """The stage to sweep, chosen as `optimizer export --stage` chooses (bundle.pick_stage: for "best" the one
+    rule of optimizer/best.py), or None."""
+    from optimizer.core.errors import OptimizerError
+    from optimizer.deploy.bundle import pick_stage as choose
+
+    view = {"scenarios": [{"name": s.name} for s in recipe.scenarios], "stages": [r.to_json() for r in records]}
+    try:
+        chosen = choose(view, recipe.batch_sweep.stage if recipe.batch_sweep else "best")
+    except OptimizerError:
+        return None
+    return next(r for r in records if r.name == chosen["name"])
+
+
+def run_sweep(recipe: Recipe, stage: StageRecord, progress: Any = None) -> dict[str, Any]:
+    import psutil
+
+    cfg = recipe.batch_sweep
+    assert cfg is not None and stage.artifact is not None
+    seq = recipe.scenarios[0].seq
+    memory_budget = cfg.memory_budget_mb or psutil.virtual_memory().available / 2**20 / 2
+    rows = []
+    gc.collect()
+    with runner_for(stage.artifact, recipe).load() as session:
+        for i, batch in enumerate(cfg.batches):
+            sub = recipe.model_copy(update={"scenarios": [Scenario(name=f"b{batch}", batch=batch, seq=seq)]})
+            feed = next(iter(build_feeds(sub, 1))).timing
+            prepared = session.prepare(feed)
+            before = psutil.Process().memory_info().rss
+            warm_up(session, prepared, max(recipe.benchmark.warmup, 2))
+            grown = (psutil.Process().memory_info().rss - before) / 2**20
+            samples = [
+                x
+                for _ in range(recipe.benchmark.rounds)
+                for x in time_calls(session, prepared, recipe.benchmark.iterations)
+            ]
+            lat = LatencyStats.of(samples)
+            rows.append(
+                {
+                    "batch": batch,
+                    "p50_ms": lat.p50_ms,
+                    "p99_ms": lat.p99_ms,
+                    "samples_per_s": batch * 1000 / lat.mean_ms,
+                    "memory_growth_mb": max(grown, 0.0),
+                }
+            )
+            if progress:
+                progress("batch sweep", i + 1, len(cfg.batches))
+    fits = [r for r in rows if r["p99_ms"] <= cfg.latency_budget_ms and r["memory_growth_mb"] <= memory_budget]
+    if not fits:
+        return {
+            "stage": stage.name,
+            "seq": seq,
+            "rows": rows,
+            "max_batch": None,
+            "preferred_batch": None,
+            "why": f"no batch meets P99 <= {cfg.latency_budget_ms} ms",
+        }
+    max_row = max(fits, key=lambda r: r["batch"])
+    best_tp = max(r["samples_per_s"] for r in fits if r["batch"] <= max_row["batch"])
+    preferred = min((r for r in fits if r["samples_per_s"] >= 0.9 * best_tp), key=lambda r: r["batch"])
+    why = (
+        f"max_batch {max_row['batch']}: the largest batch with P99 {max_row['p99_ms']:.1f} ms <= "
+        f"{cfg.latency_budget_ms} ms and memory within {memory_budget:.0f} MB; preferred_batch "
+        f"{preferred['batch']}: the smallest reaching 90% of the best throughput ({best_tp:.1f} samples/s)"
+    )
+    return {
+        "stage": stage.name,
+        "seq": seq,
+        "rows": rows,
+        "latency_budget_ms": cfg.latency_budget_ms,
+        "memory_budget_mb": memory_budget,
+        "max_batch": max_row["batch"],
+        "preferred_batch": preferred["batch"],
+        "why": why,
+    }

@@ -1,0 +1,190 @@
+"""Measuring one stage: load it, check its outputs against stage 0, time it interleaved with its parent.
+
+This is the only place that times anything; passes never measure themselves. Memory is the growth of the
+process's resident set while the stage is loaded and warmed up (the stage is loaded before its parent so
+the parent's memory is not counted): it is an estimate, and is labelled as such in the report.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.artifact import Artifact
+from optimizer.measure.accuracy import AccuracyMeter, mask_of, recipe_verdict
+from optimizer.measure.harness import Timed, measure, warm_up_all
+from optimizer.measure.machine import LoadSampler
+from optimizer.measure.stats import LatencyStats, median_ci_halfwidth, speedup
+from optimizer.recipe.schema import Recipe
+from optimizer.runtime.gpu.nvml import NvmlSampler
+from optimizer.runtime.inputs import FeedSet
+from optimizer.runtime.runners import runner_for
+from optimizer.runtime.runners.base import Session
+
+# Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
+MEASURE_VERSION = 11  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle
+
+Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
+Progress = Callable[[str, int, int], None]
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def stage_memory(artifact: Artifact, recipe: Recipe, inline_mb: float) -> tuple[float, dict[str, Any]]:
+    """The stage's host memory (MB) and how it was measured: a fresh-process probe (optimizer/memprobe.py) by
+    default; the in-process growth when the recipe asks for it or the probe cannot run (with the reason)."""
+    detail: dict[str, Any] = {"inline_mb": round(inline_mb, 1)}
+    if recipe.benchmark.memory == "process":
+        from optimizer.measure.memprobe import probe
+
+        result = probe(artifact, recipe)
+        if "peak_mb" in result:
+            return float(result["peak_mb"]), {"method": "process", **result, **detail}
+        detail["reason"] = result["reason"]
+    return inline_mb, {"method": "inline", **detail}
+
+
+def _gpu_allocated(recipe: Recipe) -> int:
+    if recipe.target.device != "cuda":
+        return 0
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
+
+
+def _gpu_peak(recipe: Recipe) -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
+
+
+def run_all(session: Session, feeds: FeedSet) -> Reference:
+    return {sf.scenario.name: [session.to_numpy(session.run(session.prepare(f))) for f in sf.samples] for sf in feeds}
+
+
+def _accuracy(session: Session, feeds: FeedSet, reference: Reference) -> dict[str, Any]:
+    outputs = run_all(session, feeds)
+    names = session.output_names
+    meter = AccuracyMeter(names)
+    for sf in feeds:
+        for ref, got, feed in zip(reference[sf.scenario.name], outputs[sf.scenario.name], sf.samples, strict=True):
+            meter.add(ref, got, mask_of(feed))
+    return meter.to_json()
+
+
+def _throughput(recipe: Recipe, scenario_name: str, mean_ms: float) -> dict[str, float]:
+    scen = next(s for s in recipe.scenarios if s.name == scenario_name)
+    per_s = 1000.0 / mean_ms if mean_ms > 0 else 0.0
+    return {"samples_per_s": scen.batch * per_s, "tokens_per_s": scen.batch * scen.seq * per_s}
+
+
+def measure_stage(
+    artifact: Artifact,
+    parent: Artifact | None,
+    recipe: Recipe,
+    feeds: FeedSet,
+    reference: Reference | None,
+    progress: Progress,
+) -> tuple[dict[str, Any], Reference | None]:
+    """Metrics of one stage. With reference=None the stage is stage 0 and its outputs become the reference."""
+    settings = recipe.benchmark
+    gc.collect()
+    with ExitStack() as stack:
+        before = _rss()
+        gpu_before = _gpu_allocated(recipe)
+        session = stack.enter_context(runner_for(artifact, recipe).load())
+        prepared = {sf.scenario.name: [session.prepare(f) for f in sf.samples] for sf in feeds}
+        for name in prepared:
+            warm_up_all(session, prepared[name], settings.warmup)
+        memory_mb = (_rss() - before) / 2**20
+        gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
+
+        new_reference = run_all(session, feeds) if reference is None else None
+        # Stage 0's own NaN/inf: every later stage is compared against them (NaN agrees with NaN), so say so.
+        nonfinite_reference = (
+            sum(int(np.sum(~np.isfinite(o))) for s in new_reference.values() for outs in s for o in outs
+                if np.issubdtype(o.dtype, np.floating))
+            if new_reference is not None
+            else None
+        )
+        accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
+        within, why = recipe_verdict(accuracy, recipe)
+
+        parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
+        load = stack.enter_context(LoadSampler())
+        scenarios: dict[str, Any] = {}
+        total = len(prepared) * settings.rounds
+        done = 0
+        for sf in feeds:
+            name = sf.scenario.name
+            child = Timed(session, prepared[name])
+            other = None
+            if parent_session is not None:
+                other = Timed(parent_session, [parent_session.prepare(f) for f in sf.samples])
+                warm_up_all(parent_session, other.inputs, settings.warmup)
+
+            def tick(r: int, base: int = done, label: str = name) -> None:
+                progress(f"timing {label}", base + r, total)
+
+            with NvmlSampler() if recipe.target.device == "cuda" else nullcontext() as sampler:
+                measure(child, other, settings, tick)
+            done += settings.rounds
+            stats = LatencyStats.of(child.samples())
+            entry: dict[str, Any] = {
+                "latency": stats.to_json(),
+                "throughput": _throughput(recipe, name, stats.mean_ms),
+                "iterations": len(child.samples()),
+                "rounds": len(child.rounds),
+                "median_ci_halfwidth": median_ci_halfwidth(child.samples()),
+                "inputs": sf.lengths() or {"samples": len(sf.samples)},  # the mix the latency was taken over
+                # Kept so that runs can be compared later (optimizer diff) with their real spread.
+                "samples_ms": [round(x, 4) for x in child.samples()],
+            }
+            if child.device_rounds:  # GPU stages: compute time apart from host latency and from copies
+                entry["gpu_latency"] = LatencyStats.of([x for r in child.device_rounds for x in r]).to_json()
+                entry["transfers"] = session.transfer_ms(sf.timing)  # type: ignore[attr-defined]
+                entry["nvml"] = sampler.summary() if sampler is not None else {}
+            if recipe.target.device == "cuda":  # kernels run and host launches per call (any runtime, via CUPTI)
+                from optimizer.runtime.gpu.kernels import profile_kernels
+
+                entry["cuda_kernels"] = profile_kernels(lambda p=prepared[name][0]: session.run(p))
+            if other is not None:
+                entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
+                entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()
+            scenarios[name] = entry
+        load.__exit__(None, None, None)
+        op_times: dict[str, float] = {}
+        nodes_executed = None
+        if artifact.kind == "onnx":
+            from optimizer.runtime.runners.ort_runner import op_time_breakdown
+
+            progress("profiling op types", 0, 0)
+            op_times, nodes_executed = op_time_breakdown(artifact, recipe, next(iter(feeds)).timing)
+        progress("measuring memory", 0, 0)
+        memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
+        metrics = {
+            "op_time_ms": op_times,  # per run, first scenario, from ORT's profiler (a separate session)
+            "nodes_executed": nodes_executed,  # kernels ORT ran per call (after its own fusions)
+            "runtime": session.describe(),
+            "memory_mb": memory_mb,
+            "memory": memory,
+            "gpu_memory_mb": gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)
+            "accuracy": accuracy,
+            "within_budget": within,
+            "budget": why,
+            "scenarios": scenarios,
+            "machine_load": load.result,  # other processes' CPU, steal, load average while this stage was timed
+            "nonfinite_reference": nonfinite_reference,  # stage 0 only: NaN/inf in the reference outputs
+        }
+    return metrics, new_reference

@@ -1,0 +1,176 @@
+"""Measuring a generation stage: whole greedy generations, interleaved with the parent round by round.
+
+Per scenario (prompt = seq tokens, new_tokens generated): time to first token, time per output token (every
+decode step of every timed generation), end-to-end task time and tokens/s. Accuracy against stage 0: greedy
+token agreement over the generated tokens and the logits cosine step by step (optimizer/generation.py).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.artifact import Artifact
+from optimizer.measure.forward import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, stage_memory
+from optimizer.measure.stats import LatencyStats, median_ci_halfwidth, speedup
+from optimizer.recipe.schema import Recipe
+from optimizer.runtime.generation import Generation, agreement
+from optimizer.runtime.inputs import FeedSet
+from optimizer.runtime.runners.gen_runner import generator_for
+
+
+def _as_reference(g: Generation) -> list[np.ndarray]:
+    return [g.tokens, np.stack(g.step_logits)]
+
+
+def _from_reference(arrays: list[np.ndarray]) -> Generation:
+    return Generation(arrays[0], list(arrays[1]))
+
+
+def _loose(child_rounds: list[list[Generation]], r: int, settings: Any) -> bool:
+    """benchmark.target_ci: keep adding rounds until the task time's median is pinned down (or max_rounds)."""
+    e2e = [g.e2e_ms for rnd in child_rounds for g in rnd]
+    return settings.target_ci > 0 and r < settings.max_rounds and median_ci_halfwidth(e2e) > settings.target_ci
+
+
+def measure_generation_stage(
+    artifact: Artifact,
+    parent: Artifact | None,
+    recipe: Recipe,
+    feeds: FeedSet,
+    reference: Reference | None,
+    progress: Progress,
+) -> tuple[dict[str, Any], Reference | None]:
+    settings = recipe.benchmark
+    gc.collect()
+    before = _rss()
+    gpu_before = _gpu_allocated(recipe)
+    gen = generator_for(artifact, recipe)
+    outputs: Reference = {}
+    for sf in feeds:
+        outputs[sf.scenario.name] = [
+            _as_reference(gen.generate(f["input_ids"], sf.scenario.new_tokens)) for f in sf.samples
+        ]
+    memory_mb = (_rss() - before) / 2**20
+    gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
+    new_reference = outputs if reference is None else None
+    ref = reference if reference is not None else outputs
+    worst: dict[str, float] = {"token_agreement": 1.0, "cosine": 1.0, "logits_cosine_min": 1.0}
+    for scen, samples in outputs.items():
+        for expected, got in zip(ref[scen], samples, strict=True):
+            a = agreement(_from_reference(expected), _from_reference(got))
+            worst["token_agreement"] = min(worst["token_agreement"], a["token_agreement"])
+            worst["cosine"] = min(worst["cosine"], a["logits_cosine_before_divergence"])
+            worst["logits_cosine_min"] = min(worst["logits_cosine_min"], a["logits_cosine_min"])
+    accuracy = {"generation": worst}
+    from optimizer.measure.accuracy import recipe_verdict
+
+    within, why = recipe_verdict(accuracy, recipe)
+    parent_gen = generator_for(parent, recipe) if parent is not None else None
+    scenarios: dict[str, Any] = {}
+    total = len(recipe.scenarios) * settings.rounds
+    done = 0
+    from optimizer.measure.machine import LoadSampler
+
+    load = LoadSampler().__enter__()
+    for sf in feeds:
+        prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
+        prompts = [f["input_ids"] for f in sf.samples]  # timed in turn, parent and child on the same prompt
+        sides = [("child", gen)] + ([("parent", parent_gen)] if parent_gen is not None else [])
+        for _, g in sides:  # at least once: a CUDA-graph stage captures its decode step on its first generation
+            for _ in range(max(1, min(settings.warmup, 2))):
+                g.generate(prompt, new, keep_logits=False)
+        runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
+        r = 0
+
+        while r < settings.rounds or _loose(runs["child"], r, settings):
+            for name, g in sides if r % 2 == 0 else sides[::-1]:
+                runs[name].append(
+                    [
+                        g.generate(prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False)
+                        for i in range(settings.iterations)
+                    ]
+                )
+            r += 1
+            done += 1
+            progress(f"generating {sf.scenario.name}", done, total)
+        child = [g for rnd in runs["child"] for g in rnd]
+        e2e = LatencyStats.of([g.e2e_ms for g in child])
+        batch = sf.scenario.batch
+        entry: dict[str, Any] = {
+            "latency": e2e.to_json(),
+            "ttft": LatencyStats.of([g.ttft_ms for g in child]).to_json(),
+            "tpot": LatencyStats.of([t for g in child for t in g.tpot_ms] or [0.0]).to_json(),
+            "throughput": {
+                "tokens_per_s": batch * new * 1000 / e2e.mean_ms,
+                "samples_per_s": batch * 1000 / e2e.mean_ms,
+            },
+            "iterations": len(child),
+            "rounds": r,
+            "prompt_tokens": int(prompt.shape[1]),
+            "new_tokens": new,
+            "samples_ms": [round(g.e2e_ms, 4) for g in child],
+        }
+        if parent_gen is not None:
+            p_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["parent"]]
+            c_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["child"]]
+            entry["parent_latency"] = LatencyStats.of([x for rnd in p_rounds for x in rnd]).to_json()
+            entry["vs_parent"] = speedup(p_rounds, c_rounds, settings.confidence).to_json()
+        if recipe.target.device == "cuda":  # per whole task (prefill + new_tokens - 1 decode steps)
+            from optimizer.runtime.gpu.kernels import profile_kernels
+
+            entry["cuda_kernels"] = profile_kernels(lambda g=gen, p=prompt, n=new: g.generate(p, n, False), calls=1)
+        scenarios[sf.scenario.name] = entry
+    load.__exit__(None, None, None)
+    runtime = {
+        "runtime": "pytorch" if artifact.kind == "torch" else "onnxruntime",
+        "device": recipe.target.device,
+        "loop": "greedy, KV cache, fixed new_tokens, each token copied to the host as produced",
+        "kv_cache": "dynamic",
+        **artifact.runtime,
+        **(gen.describe() if hasattr(gen, "describe") else {}),
+    }
+    op_times: dict[str, float] = {}
+    nodes_executed = None
+    if artifact.kind == "onnx":
+        progress("profiling the decode step", 0, 0)
+        op_times, nodes_executed = decode_step_profile(artifact, recipe, next(iter(feeds)).timing["input_ids"])
+    progress("measuring memory", 0, 0)
+    memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
+    metrics = {
+        "workload": "generation",
+        "runtime": runtime,
+        "memory_mb": memory_mb,
+        "memory": memory,
+        "gpu_memory_mb": gpu_memory_mb,
+        "accuracy": accuracy,
+        "within_budget": within,
+        "budget": why,
+        "scenarios": scenarios,
+        "machine_load": load.result,
+        "op_time_ms": op_times,  # per decode step (first scenario's prompt), from ORT's profiler
+        "nodes_executed": nodes_executed,  # per decode step
+    }
+    return metrics, new_reference
+
+
+def decode_step_profile(artifact: Artifact, recipe: Recipe, prompt: np.ndarray) -> tuple[dict[str, float], int]:
+    """Time per op type and nodes executed in one decode step (the part of a generation repeated per token),
+    from ONNX Runtime's profiler on the decode graph, fed the cache the prefill graph returns for the prompt."""
+    from optimizer.runtime.generation import cache_names
+    from optimizer.runtime.runners.gen_runner import ort_generator
+    from optimizer.runtime.runners.ort_runner import op_time_breakdown
+
+    decode = artifact.decode_path()
+    assert decode is not None
+    gen = ort_generator(artifact, recipe, device="cpu")
+    logits, *cache = gen.prefill.run(gen.outputs, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)})
+    batch, seq = prompt.shape
+    feed = {
+        "input_ids": logits.argmax(-1)[:, None].astype(np.int64),
+        "attention_mask": np.ones((batch, seq + 1), np.int64),
+        **{past: value for (past, _), value in zip(cache_names(int(artifact.meta["layers"])), cache, strict=True)},
+    }
+    return op_time_breakdown(Artifact("onnx", decode, artifact.runtime, artifact.meta), recipe, feed)

@@ -1,0 +1,168 @@
+"""The one benchmark harness every stage goes through.
+
+A stage is timed interleaved with its parent: warm-up for both, then `rounds` rounds, each running the
+parent and the child `iterations` times (the order flips every round, ABBA, so neither side always runs
+first after the other's cache footprint). Each switch waits `settle_ms` and then runs one untimed call: the other
+session's worker threads keep spinning after its last call (ONNX Runtime spins), and on 2 cores they made the
+next 25-40 ms of the new side's calls 2.5x slower (MiniLM at natural lengths, 3 ms calls); that contention
+belongs to neither stage. One untimed call alone, as before, settled 17 ms calls but not 3 ms ones. Each call
+is timed alone with perf_counter_ns around `run`, which is all the
+harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
+
+A scenario's inputs are run in turn, not only its first: call i of a round runs input (offset + i) mod n, and
+the parent and the child run the same inputs in the same round, so a natural-length mix is timed as served and
+the interleaved ratio still compares like with like.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from optimizer.measure.stats import median_ci_halfwidth, quantile_ci
+from optimizer.recipe.schema import BenchmarkSettings
+from optimizer.runtime.runners.base import Session
+
+
+@dataclass
+class Timed:
+    """One side of a measurement: the prepared inputs (run in turn) and the latencies of every round."""
+
+    session: Session
+    inputs: list[Any]
+    rounds: list[list[float]] = field(default_factory=list)
+    device_rounds: list[list[float]] = field(default_factory=list)  # GPU time per call (CUDA events)
+    input_rounds: list[list[int]] = field(default_factory=list)  # which input each timed call ran
+
+    def samples(self) -> list[float]:
+        return [x for r in self.rounds for x in r]
+
+    def sequence(self, offset: int, n: int) -> list[Any]:
+        return [self.inputs[(offset + i) % len(self.inputs)] for i in range(n)]
+
+
+def time_calls(session: Session, prepared: Any, n: int) -> list[float]:
+    """n timed calls on one input, in milliseconds."""
+    return time_sequence(session, [prepared] * n)
+
+
+def time_sequence(session: Session, inputs: list[Any]) -> list[float]:
+    """One timed call per input, in order, in milliseconds."""
+    run = session.run
+    clock = time.perf_counter_ns
+    out: list[float] = []
+    for prepared in inputs:
+        t0 = clock()
+        run(prepared)
+        out.append((clock() - t0) / 1e6)
+    return out
+
+
+def time_sequence_device(session: Session, inputs: list[Any]) -> tuple[list[float], list[float]]:
+    """One timed call per input on a GPU session: host latency (ms) and the GPU time its CUDA events measured."""
+    run, device_ms = session.run, session.last_device_ms  # type: ignore[attr-defined]
+    clock = time.perf_counter_ns
+    host: list[float] = []
+    device: list[float] = []
+    for prepared in inputs:
+        t0 = clock()
+        run(prepared)
+        host.append((clock() - t0) / 1e6)
+        device.append(device_ms())
+    return host, device
+
+
+def warm_up(session: Session, prepared: Any, n: int) -> float:
+    """Run n untimed calls; return the last call's latency (ms) as an estimate for sizing rounds."""
+    last = time_calls(session, prepared, max(n, 1))
+    return last[-1]
+
+
+def warm_up_all(session: Session, inputs: list[Any], n: int) -> float:
+    """At least n untimed calls and every input once (each shape warmed); the mean latency of the last pass."""
+    calls = max(n, len(inputs))
+    times = time_sequence(session, [inputs[i % len(inputs)] for i in range(calls)])
+    return float(sum(times[-len(inputs) :]) / len(inputs)) if len(times) >= len(inputs) else times[-1]
+
+
+def _more_rounds(child: Timed, settings: BenchmarkSettings, r: int) -> bool:
+    """Whether to add a round: the fixed count first, then (when asked) until the median is tight and the P99
+    is resolved, up to max_rounds."""
+    if r < settings.rounds:
+        return True
+    if r >= settings.max_rounds:
+        return False
+    samples = child.samples()
+    if settings.target_ci > 0 and median_ci_halfwidth(samples) > settings.target_ci:
+        return True
+    return bool(settings.resolve_tail and quantile_ci(samples, 0.99) is None)
+
+
+def iterations_for(settings: BenchmarkSettings, estimate_ms: float) -> int:
+    if settings.min_round_seconds <= 0 or estimate_ms <= 0:
+        return settings.iterations
+    return max(settings.iterations, math.ceil(settings.min_round_seconds * 1000 / estimate_ms))
+
+
+def measure(
+    child: Timed,
+    parent: Timed | None,
+    settings: BenchmarkSettings,
+    on_round: Callable[[int], None] | None = None,
+) -> None:
+    """Fill child.rounds (and parent.rounds) with interleaved timings. Both sessions must be warm."""
+    sides = [s for s in (parent, child) if s is not None]
+    if parent is not None and len(parent.inputs) != len(child.inputs):
+        raise ValueError(f"parent has {len(parent.inputs)} inputs, the child {len(child.inputs)}: they must match")
+    estimate = max(warm_up_all(s.session, s.inputs, 1) for s in sides)
+    n = iterations_for(settings, estimate)
+    r = 0
+    while _more_rounds(child, settings, r):
+        order = sides if r % 2 == 0 else sides[::-1]
+        offset = (r * n) % len(child.inputs)
+        for side in order:
+            inputs = side.sequence(offset, n)
+            if parent is not None:  # settle the switch: the other session's threads stop spinning, caches refill
+                time.sleep(settings.settle_ms / 1000)
+                side.session.run(inputs[0])
+            if getattr(side.session, "device_time", False):
+                host, device = time_sequence_device(side.session, inputs)
+                side.rounds.append(host)
+                side.device_rounds.append(device)
+            else:
+                side.rounds.append(time_sequence(side.session, inputs))
+            side.input_rounds.append([(offset + i) % len(side.inputs) for i in range(n)])
+        r += 1
+        if on_round:
+            on_round(r)
+
+
+def interleaved_rounds(
+    sessions: dict[str, Session], inputs: dict[str, list[Any]], rounds: int, iterations: int, settle_ms: float = 50.0
+) -> dict[str, list[list[float]]]:
+    """Several sessions timed in turns, round by round (order flipped every round), each round running the same
+    inputs (cycled) on every session, for side-by-side comparisons in scripts: session -> rounds of latencies."""
+    for name, session in sessions.items():
+        warm_up_all(session, inputs[name], 2)
+    out: dict[str, list[list[float]]] = {name: [] for name in sessions}
+    order = list(sessions)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            seq = [inputs[name][(r * iterations + i) % len(inputs[name])] for i in range(iterations)]
+            time.sleep(settle_ms / 1000)  # settles the switch, as in `measure`
+            sessions[name].run(seq[0])
+            out[name].append(time_sequence(sessions[name], seq))
+    return out
+
+
+def interleaved_p50(
+    sessions: dict[str, Session], prepared: dict[str, Any], rounds: int, iterations: int
+) -> dict[str, float]:
+    """P50 (ms) of several sessions timed in turns on one input each (see interleaved_rounds)."""
+    import numpy as np
+
+    timed = interleaved_rounds(sessions, {n: [p] for n, p in prepared.items()}, rounds, iterations)
+    return {name: float(np.median([x for r in rs for x in r])) for name, rs in timed.items()}

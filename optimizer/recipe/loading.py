@@ -1,0 +1,171 @@
+"""Loading a recipe: YAML read with bounds (size, alias expansion, depth), validated by the schema, then the
+cross-field checks and every pass's own config, so a typo in the last pass fails in a second, not after a
+ten-minute export. Every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from optimizer.core.errors import RecipeError
+from optimizer.recipe.schema import SOURCE_STAGE, HFFolderSource, OnnxSource, Recipe
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _check_structure(recipe: Recipe, path: str) -> None:
+    """Cross-field checks pydantic cannot express on one field."""
+    seen: set[str] = {SOURCE_STAGE}
+    for i, spec in enumerate(recipe.passes):
+        name = spec.stage_name
+        if name in seen:
+            raise RecipeError(path, f"passes[{i}].name", f"stage name {name!r} is used twice; give it a `name`")
+        if spec.from_ is not None and spec.from_ not in seen:
+            known = ", ".join(sorted(seen))
+            raise RecipeError(path, f"passes[{i}].from", f"no earlier stage named {spec.from_!r} (known: {known})")
+        seen.add(name)
+    names = [s.name for s in recipe.scenarios]
+    for i, scen in enumerate(recipe.scenarios):
+        if scen.padding == "longest" and recipe.text is None:
+            raise RecipeError(path, f"scenarios[{i}].padding", "longest needs real text (`text`) to take lengths from")
+    if len(set(names)) != len(names):
+        raise RecipeError(path, "scenarios", "scenario names must be unique")
+    for i, spec in enumerate(recipe.inputs):
+        for dim in spec.shape:
+            if isinstance(dim, str):
+                for scen in recipe.scenarios:
+                    if dim not in scen.bindings():
+                        raise RecipeError(
+                            path, f"inputs[{i}].shape", f"dim {dim!r} is not bound by scenario {scen.name!r}"
+                        )
+    if recipe.text and recipe.text.file and not recipe.resolve(recipe.text.file).is_file():
+        raise RecipeError(path, "text.file", f"no such file: {recipe.resolve(recipe.text.file)}")
+    model = recipe.model
+    if recipe.workload == "generation" and getattr(model, "task", None) != "causal-lm":
+        raise RecipeError(path, "workload", "generation needs a causal LM: set model.task: causal-lm")
+    if isinstance(model, OnnxSource) and not recipe.resolve(model.path).is_file():
+        raise RecipeError(path, "model.path", f"no such file: {recipe.resolve(model.path)}")
+    if isinstance(model, HFFolderSource):
+        base = package_dir(model.package) if model.package is not None else None
+        if model.package is not None and base is None:
+            raise RecipeError(path, "model.package", f"package {model.package!r} is not installed")
+        if base is not None and not (base / model.path).is_dir():
+            raise RecipeError(path, "model.path", f"no folder {model.path!r} inside package {model.package!r}")
+        if model.package is None and not recipe.resolve(model.path).is_dir():
+            raise RecipeError(path, "model.path", f"no such folder: {recipe.resolve(model.path)}")
+
+
+def package_dir(name: str) -> Path | None:
+    """The folder of an installed package, found without running its code: only the top-level name is looked up
+    (finding `a.b` would import `a`), and the rest is followed on disk."""
+    top, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(base).joinpath(*rest)
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def _validate_pass_configs(recipe: Recipe, path: str) -> None:
+    from optimizer.core.registry import UnknownPass, pass_class
+
+    for i, spec in enumerate(recipe.passes):
+        try:
+            cls = pass_class(spec.type)
+        except UnknownPass as e:
+            raise RecipeError(path, f"passes[{i}].type", str(e)) from None
+        try:
+            cls.Config.model_validate(spec.config)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = _field_path((f"passes[{i}]", "config", *err["loc"]))
+            raise RecipeError(path, field, err["msg"]) from None
+
+
+def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
+    """Validate a recipe already read into Python objects."""
+    if not isinstance(data, dict):
+        raise RecipeError(path, None, "the recipe must be a YAML mapping")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        # Drop the discriminated-union tag pydantic puts in the location (e.g. model.hf_folder.path).
+        # and the member tags of plain unions (a shape entry is `int | str`).
+        tags = {"hf_folder", "hf_config", "factory", "onnx", "constrained-int", "int", "str"}
+        loc = tuple(p for p in err["loc"] if p not in tags)
+        raise RecipeError(path, _field_path(loc) or None, err["msg"]) from None
+    recipe.base_dir = base_dir or Path(".")
+    _check_structure(recipe, path)
+    _validate_pass_configs(recipe, path)
+    return recipe
+
+
+MAX_RECIPE_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000  # values once aliases are expanded: a real recipe has a few hundred
+
+
+def _bounded_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load, but a document whose aliases expand to more than MAX_YAML_VALUES values (an alias bomb:
+    a few lines that become 10**9 strings when anything walks them) is refused before it is built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        sizes: dict[int, int] = {}
+
+        def expanded(n: yaml.Node) -> int:  # memoized over the node graph, where an alias is a shared node
+            if id(n) not in sizes:
+                sizes[id(n)] = 0  # a recursive alias counts once
+                children: list[Any] = []
+                if isinstance(n, yaml.SequenceNode):
+                    children = n.value
+                elif isinstance(n, yaml.MappingNode):
+                    children = [x for pair in n.value for x in pair]
+                sizes[id(n)] = min(1 + sum(expanded(c) for c in children), MAX_YAML_VALUES + 1)
+            return sizes[id(n)]
+
+        try:  # composing and counting both recurse with the nesting
+            node = loader.get_single_node()
+            too_many = node is not None and expanded(node) > MAX_YAML_VALUES
+        except RecursionError:
+            raise RecipeError(where, None, "its YAML is nested too deeply to be a recipe") from None
+        if node is None:
+            return None
+        if too_many:
+            raise RecipeError(where, None, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe file; raises RecipeError naming the file and field."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(str(p), None, "no such recipe file")
+    size = p.stat().st_size
+    if size > MAX_RECIPE_BYTES:
+        raise RecipeError(str(p), None, f"{size / 2**20:.1f} MB is not a recipe (at most {MAX_RECIPE_BYTES >> 20} MB)")
+    try:
+        data = _bounded_yaml(p.read_text(), str(p))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else None
+        raise RecipeError(str(p), where, f"not valid YAML ({getattr(e, 'problem', e)})") from None
+    return parse_recipe(data, str(p), p.parent.resolve())

@@ -1,0 +1,252 @@
+"""Recipe schema: the YAML file names the model, its inputs, scenarios, target, benchmark settings, accuracy
+budget and the ordered passes. Every field is typed (pydantic, extra fields forbidden); loading.py reads the
+file and runs the checks that span fields.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SOURCE_STAGE = "source"
+# Recipe, stage and scenario names become folder and file names: one safe rule, checked when the recipe loads.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def safe_name(value: str) -> str:
+    if not SAFE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value[:80]!r} is not a safe name: 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (names become folder names)"
+        )
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- model sources
+class HFFolderSource(Strict):
+    """A Hugging Face model folder: a local path, or a folder inside an installed Python package."""
+
+    source: Literal["hf_folder"]
+    path: str = Field(description="folder path; relative to the package folder when `package` is set")
+    package: str | None = Field(default=None, description="installed package that ships the folder")
+    task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(default=None, description="default: transformers'")
+
+
+class HFConfigSource(Strict):
+    """A transformers architecture built from a config with random weights (no download)."""
+
+    source: Literal["hf_config"]
+    architecture: Literal["gpt2", "llama", "bert"]
+    config: dict[str, Any] = Field(default_factory=dict, description="overrides of the architecture's config")
+    task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
+    seed: int = 0
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(default=None, description="default: transformers'")
+
+
+class FactorySource(Strict):
+    """A Python callable `module:function` returning a torch.nn.Module."""
+
+    source: Literal["factory"]
+    target: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("target")
+    @classmethod
+    def _module_function(cls, v: str) -> str:
+        if v.count(":") != 1 or not all(v.split(":")):
+            raise ValueError("must look like 'package.module:function'")
+        return v
+
+
+class OnnxSource(Strict):
+    """An existing ONNX file; stage 0 is then that file run by ONNX Runtime with its optimizations off."""
+
+    source: Literal["onnx"]
+    path: str
+
+
+ModelSource = Annotated[HFFolderSource | HFConfigSource | FactorySource | OnnxSource, Field(discriminator="source")]
+
+
+# ---------------------------------------------------------------- inputs and scenarios
+class InputSpec(Strict):
+    name: str
+    dtype: Literal["int64", "int32", "float32", "float16", "bool"] = "int64"
+    shape: list[Annotated[int, Field(ge=0)] | str] = Field(
+        description="ints are fixed (0 is a legal empty dim); names are bound by each scenario"
+    )
+    range: tuple[float, float] | None = Field(default=None, description="[low, high) for generated values")
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not (np.isfinite(v).all() and v[0] < v[1]):
+            raise ValueError(f"{list(v)} is not a finite range with low < high")
+        return v
+    fill: Literal["random", "ones", "zeros"] = "random"
+
+
+class TextInputs(Strict):
+    """Real text through the model's tokenizer; it supplies the inputs the tokenizer produces."""
+
+    file: str | None = None
+    sentences: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TextInputs:
+        if (self.file is None) == (self.sentences is None):
+            raise ValueError("give exactly one of `file` or `sentences`")
+        return self
+
+
+# The seeds' scenarios (shared/seeds): prompt length and new tokens per task, batch 1.
+SCENARIO_PRESETS: dict[str, dict[str, Any]] = {
+    "short_text_generation": {"batch": 1, "seq": 128, "new_tokens": 64},
+    "long_document_processing": {"batch": 1, "seq": 2048, "new_tokens": 32},
+    "low_latency_inference": {"batch": 1, "seq": 128, "new_tokens": 8},
+}
+
+
+class Scenario(Strict):
+    name: Annotated[str, AfterValidator(safe_name)]
+    batch: int = Field(default=1, ge=1)
+    seq: int = Field(default=128, ge=1, description="sequence length; the prompt length for generation")
+    new_tokens: int = Field(default=32, ge=1, description="generation: tokens generated per task")
+    dims: dict[str, int] = Field(default_factory=dict, description="extra symbolic dims")
+    padding: Literal["max_length", "longest"] = Field(
+        default="max_length",
+        description="text inputs: max_length pads every sample to `seq` (the worst case); longest pads each batch "
+        "to its longest sentence (truncated at `seq`), as an embedding service does: the natural lengths",
+    )
+    samples: int | None = Field(
+        default=None, ge=1, description="inputs of this scenario, timed in turn and compared; default accuracy.samples"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """`{preset: short_text_generation}` expands to the seeds' numbers; explicit fields override them."""
+        if isinstance(data, dict) and "preset" in data:
+            data = dict(data)
+            name = data.pop("preset")
+            if name not in SCENARIO_PRESETS:
+                raise ValueError(f"unknown preset {name!r} (known: {', '.join(SCENARIO_PRESETS)})")
+            data = {"name": name, **SCENARIO_PRESETS[name], **data}
+        return data
+
+    def bindings(self) -> dict[str, int]:
+        return {"batch": self.batch, "seq": self.seq, **self.dims}
+
+
+class Target(Strict):
+    device: Literal["cpu", "cuda"] = "cpu"
+    threads: int | None = Field(default=None, ge=1, description="intra-op threads; default: all cores")
+
+
+class BenchmarkSettings(Strict):
+    warmup: int = Field(default=10, ge=0, description="untimed runs per stage before timing")
+    rounds: int = Field(default=10, ge=2, description="alternations between a stage and its parent")
+    iterations: int = Field(default=10, ge=1, description="timed runs per round")
+    min_round_seconds: float = Field(default=0.0, ge=0, description="grow a round until it lasts this long")
+    target_ci: float = Field(
+        default=0.0,
+        ge=0,
+        description="keep adding rounds until the median's 95% interval is within +/- this "
+        "fraction of it (0: exactly `rounds`)",
+    )
+    max_rounds: int = Field(default=40, ge=2, description="upper bound on rounds when target_ci or resolve_tail is set")
+    resolve_tail: bool = Field(
+        default=False,
+        description="keep adding rounds until the P99's 95% interval is bounded by the calls taken (about 370 "
+        "calls), up to max_rounds; without it a P99 from fewer calls is reported as not resolved",
+    )
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    settle_ms: float = Field(
+        default=50.0,
+        ge=0,
+        description="pause before each side's round when two sessions alternate: ONNX Runtime's worker threads "
+        "keep spinning after a call, and on few cores they slow the other session's next calls (2.5x for 25-40 ms "
+        "measured here)",
+    )
+    memory: Literal["process", "inline"] = Field(
+        default="process",
+        description="process: peak resident set of serving the stage in a fresh process (comparable across "
+        "stages); inline: growth inside the compile process (fast, but skewed by allocator reuse)",
+    )
+
+
+class AccuracyBudget(Strict):
+    metric: Literal["cosine", "pooled_cosine", "max_abs", "top1", "token_agreement"] | None = Field(
+        default=None,
+        description="what the budget judges; default by task: token_agreement for generation, top1 for "
+        "sequence-classification, else cosine on the positions the attention mask keeps",
+    )
+    # allow_inf_nan=False: `min: .nan` would compare false against everything and turn the gate off.
+    min: float | None = Field(
+        default=None, allow_inf_nan=False, description="for cosine, top1, agreement: the lowest acceptable value"
+    )
+    max: float | None = Field(
+        default=None, allow_inf_nan=False, description="for max_abs: the highest acceptable value"
+    )
+    output: str | None = Field(default=None, description="output to judge; default: the first")
+    samples: int = Field(default=4, ge=1, description="inputs per scenario compared with stage 0")
+
+
+class BatchSweep(Strict):
+    stage: str = Field(default="best", description="stage to sweep; best: the fastest within the accuracy budget")
+    batches: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 2, 4, 8, 16], min_length=1)
+    latency_budget_ms: float = Field(gt=0, description="the P99 a batch may take")
+    memory_budget_mb: float | None = Field(default=None, gt=0, description="default: half the memory available")
+
+
+class PassSpec(Strict):
+    type: str
+    name: Annotated[str, AfterValidator(safe_name)] | None = None
+    from_: str | None = Field(default=None, alias="from")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def stage_name(self) -> str:
+        return self.name or self.type
+
+
+class Recipe(Strict):
+    name: Annotated[str, AfterValidator(safe_name)]
+    description: str = ""
+    model: ModelSource
+    inputs: list[InputSpec] = Field(default_factory=list)
+    text: TextInputs | None = None
+    data_file: str | None = Field(default=None, description=".npz with one array per input: used as every sample")
+    outputs: list[str] | None = Field(default=None, description="output names; default: all tensor outputs")
+    scenarios: list[Scenario] = Field(min_length=1)
+    target: Target = Field(default_factory=Target)
+    benchmark: BenchmarkSettings = Field(default_factory=BenchmarkSettings)
+    accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    workload: Literal["forward", "generation"] = Field(
+        default="forward", description="generation: greedy decoding with a KV cache (causal LMs)"
+    )
+    batch_sweep: BatchSweep | None = None
+    on_failure: Literal["stop", "continue"] = "stop"
+    seed: int = 0
+    passes: list[PassSpec] = Field(default_factory=list)
+
+    # Set by load_recipe: the folder relative paths in the recipe are resolved against.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+
+def recipe_dict(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as plain data, with `from` spelled as in the file (used for hashing and the report)."""
+    return recipe.model_dump(mode="json", by_alias=True, exclude={"base_dir"})

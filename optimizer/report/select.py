@@ -1,0 +1,157 @@
+"""Composite scores and the deployment decision (`optimizer select`), as the seeds weigh them.
+
+Every term is normalized against stage 0, so 1.0 means "as stage 0" and higher is better:
+  latency        stage 0 P50 / stage P50 (the chained, interleaved speedup when there is one)
+  throughput     stage throughput / stage 0 throughput (tokens/s for generation, samples/s otherwise); for a
+                 fixed scenario that is the ratio of mean times, taken (when there is one) from the interleaved
+                 sessions and chained like latency, so that drift between stages measured apart does not leak in
+  accuracy       the budget's metric against stage 0 (cosine, top-1 or token agreement; 1.0 = identical)
+  memory         stage 0 footprint / stage footprint; footprint = peak resident set of serving the stage in a
+                 fresh process (optimizer/memprobe.py), at least the model's bytes
+  size           stage 0 bytes on disk / stage bytes
+  deployability  share of four serving paths that can run the artifact as built: ONNX Runtime CPU, ONNX
+                 Runtime CUDA, TensorRT, Triton. Standard ONNX: all four. ORT contrib ops (fused attention,
+                 SkipLayerNorm): ORT CPU/CUDA and Triton's ORT backend, 0.75. Dynamic INT8 (CPU kernels): ORT CPU
+                 and Triton, 0.5. A TensorRT engine: TensorRT and Triton, tied to one GPU and version, 0.5.
+                 PyTorch eager: a Python service only, 0.25.
+score = sum(weight * term). Stages outside the accuracy budget are ranked but never recommended.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRESETS: dict[str, dict[str, float]] = {
+    # Seed 1: Performance Score = (1/Avg Latency) x 40% + (Throughput/Baseline) x 30% + (Accuracy/Baseline) x 30%
+    "seed-latency": {"latency": 0.4, "throughput": 0.3, "accuracy": 0.3},
+    # Seed 2: Total Score = 0.4 x Throughput + 0.3 x Memory + 0.2 x Accuracy + 0.1 x Deployability
+    "seed-deploy": {"throughput": 0.4, "memory": 0.3, "accuracy": 0.2, "deployability": 0.1},
+}
+TERMS = ("latency", "throughput", "accuracy", "memory", "size", "deployability")
+STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """A preset name, or `term=weight,term=weight`."""
+    if text in PRESETS:
+        return dict(PRESETS[text])
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in TERMS:
+            raise ValueError(f"unknown term {key!r} (terms: {', '.join(TERMS)}; presets: {', '.join(PRESETS)})")
+        try:
+            weights[key] = float(value)
+        except ValueError:
+            raise ValueError(f"weight for {key!r} is not a number: {value!r}") from None
+    return weights
+
+
+def deployability(stage: dict[str, Any]) -> float:
+    kind = (stage.get("artifact") or {}).get("kind")
+    if kind == "torch":
+        return 0.25
+    if kind == "trt_engine":
+        return 0.5
+    ops = ((stage.get("metrics") or {}).get("graph") or {}).get("op_types", {})
+    if any(op in ops for op in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul")):
+        return 0.5
+    if any("." in op and not op.startswith("ai.onnx.") for op in ops):  # a non-standard domain
+        return 0.75
+    return 1.0
+
+
+def _accuracy(stage: dict[str, Any], metric: str) -> float:
+    acc = next(iter(((stage.get("metrics") or {}).get("accuracy") or {}).values()), {})
+    value = acc.get(metric if metric != "max_abs" else "cosine")
+    return float(value) if value is not None else float(acc.get("cosine", 0.0))
+
+
+def terms(report: dict[str, Any], stage: dict[str, Any], scenario: str) -> dict[str, float] | None:
+    source = report["stages"][0]
+    m, m0 = stage.get("metrics") or {}, source.get("metrics") or {}
+    s, s0 = (m.get("scenarios") or {}).get(scenario), (m0.get("scenarios") or {}).get(scenario)
+    if not s or not s0:
+        return None
+    metric = report["settings"].get("accuracy_metric") or report["settings"]["accuracy"].get("metric") or "cosine"
+    tp_key = "tokens_per_s" if "tokens_per_s" in s["throughput"] and "ttft" in s else "samples_per_s"
+
+    def footprint(mm: dict[str, Any]) -> float:
+        return max(float(mm.get("memory_mb") or 0.0), float(mm.get("size_bytes") or 0) / 2**20, 1.0)
+
+    vs0 = (stage.get("vs_source") or {}).get(scenario)
+    tp0 = (stage.get("throughput_vs_source") or {}).get(scenario)
+    return {
+        "latency": vs0 if vs0 else s0["latency"]["p50_ms"] / s["latency"]["p50_ms"],
+        "throughput": tp0 if tp0 else s["throughput"][tp_key] / s0["throughput"][tp_key],
+        "accuracy": _accuracy(stage, metric),
+        "memory": footprint(m0) / footprint(m),
+        "size": float(m0.get("size_bytes") or 1) / float(m.get("size_bytes") or 1),
+        "deployability": deployability(stage),
+    }
+
+
+def rank(report: dict[str, Any], weights: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
+    """scenario -> stages sorted by score (best first), each with its terms and budget verdict."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for scen in (s["name"] for s in report["scenarios"]):
+        rows = []
+        for st in report["stages"]:
+            if st["status"] not in ("ran", "cached"):
+                continue
+            t = terms(report, st, scen)
+            if t is None:
+                continue
+            score = sum(w * t[k] for k, w in weights.items())
+            rows.append(
+                {
+                    "stage": st["name"],
+                    "score": score,
+                    "terms": t,
+                    "within_budget": bool((st.get("metrics") or {}).get("within_budget", True)),
+                }
+            )
+        out[scen] = sorted(rows, key=lambda r: -r["score"])
+    return out
+
+
+def recommend(report: dict[str, Any], weights: dict[str, float]) -> tuple[str | None, list[str]]:
+    """The stage to deploy (best mean score over scenarios among stages within budget) and why, in a few lines."""
+    ranking = rank(report, weights)
+    totals: dict[str, list[float]] = {}
+    for rows in ranking.values():
+        for r in rows:
+            if r["within_budget"]:
+                totals.setdefault(r["stage"], []).append(r["score"])
+    n = len(ranking)
+    eligible = {k: sum(v) / len(v) for k, v in totals.items() if len(v) == n}
+    if not eligible:
+        return None, ["no stage was measured in every scenario within the accuracy budget"]
+    best = max(eligible, key=lambda k: eligible[k])
+    wins = sum(1 for rows in ranking.values() if next((r["stage"] for r in rows if r["within_budget"]), None) == best)
+    ordered = sorted(eligible.items(), key=lambda kv: -kv[1])
+    lines = [
+        f"Deploy `{best}`: mean score {eligible[best]:.3f} over {n} scenario(s), best within budget in {wins} of {n}."
+    ]
+    if len(ordered) > 1:
+        lines.append(f"Next: `{ordered[1][0]}` at {ordered[1][1]:.3f}.")
+    from optimizer.measure.best import best_stage
+
+    fastest, why = best_stage(report)
+    if fastest is not None:
+        lines.append(f"Fastest within budget (what `export --stage best` and the batch sweep take): {why}.")
+    for scen, rows in ranking.items():
+        r = next(r for r in rows if r["stage"] == best)
+        t = r["terms"]
+        lines.append(
+            f"{scen}: {t['latency']:.2f}x the speed of stage 0, throughput {t['throughput']:.2f}x, "
+            f"accuracy {t['accuracy']:.4f}, footprint {1 / t['memory']:.2f}x, deployability {t['deployability']}."
+        )
+        top = rows[0]
+        if not top["within_budget"]:
+            lines.append(
+                f"{scen}: `{top['stage']}` scores higher ({top['score']:.3f}) but is outside the accuracy "
+                "budget, so it is not recommended."
+            )
+    return best, lines

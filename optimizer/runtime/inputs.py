@@ -1,0 +1,162 @@
+"""Inputs for every scenario: generated from the recipe's specs, or real text through the model's tokenizer.
+
+They are built once per run from the recipe's seed, so every stage sees exactly the same arrays: the benchmark
+cycles through every sample of a scenario (parent and child on the same sample at the same call), and all samples
+feed the accuracy comparison. A scenario with `padding: longest` takes sentences at their natural lengths (each
+batch padded to its longest sentence), so its latency is that of the mix a service really sees; its lengths are
+summarized in the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.errors import InputError
+from optimizer.recipe.schema import HFFolderSource, InputSpec, Recipe, Scenario
+
+Feed = dict[str, np.ndarray]
+
+
+@dataclass
+class ScenarioFeeds:
+    scenario: Scenario
+    samples: list[Feed]
+
+    @property
+    def timing(self) -> Feed:
+        """One representative sample (the first): for probes and checks that need a single input."""
+        return self.samples[0]
+
+    def lengths(self) -> dict[str, Any] | None:
+        """Tokens per sample (the sequence dim of the mask or the first input): min / median / max and the
+        share of positions that are padding, or None for inputs without a sequence dim."""
+        seqs, real, total = [], 0, 0
+        for f in self.samples:
+            name = next((n for n in f if "mask" in n and f[n].ndim == 2), next(iter(f)))
+            a = f[name]
+            if a.ndim != 2:
+                return None
+            seqs.append(a.shape[1])
+            if "mask" in name:
+                real += int(a.astype(bool).sum())
+                total += a.size
+        return {
+            "padding": self.scenario.padding,
+            "samples": len(seqs),
+            "seq_min": int(min(seqs)),
+            "seq_median": float(np.median(seqs)),
+            "seq_max": int(max(seqs)),
+            "padded_share": round(1 - real / total, 4) if total else None,
+        }
+
+
+@dataclass
+class FeedSet:
+    input_names: list[str]
+    by_scenario: dict[str, ScenarioFeeds]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.by_scenario.values())
+
+
+def _shape(spec: InputSpec, scenario: Scenario) -> tuple[int, ...]:
+    bind = scenario.bindings()
+    return tuple(bind[d] if isinstance(d, str) else d for d in spec.shape)
+
+
+def _generate(spec: InputSpec, scenario: Scenario, rng: np.random.Generator) -> np.ndarray:
+    shape = _shape(spec, scenario)
+    dtype = np.dtype(spec.dtype)
+    if spec.fill == "ones":
+        return np.ones(shape, dtype)
+    if spec.fill == "zeros":
+        return np.zeros(shape, dtype)
+    if np.issubdtype(dtype, np.integer):
+        low, high = spec.range or (0, 1000)
+        return rng.integers(int(low), int(high), size=shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    low, high = spec.range or (-1.0, 1.0)
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def read_sentences(recipe: Recipe) -> list[str]:
+    assert recipe.text is not None
+    if recipe.text.sentences is not None:
+        lines = recipe.text.sentences
+    else:
+        path = recipe.resolve(recipe.text.file or "")
+        lines = path.read_text().splitlines()
+    sentences = [s.strip() for s in lines if s.strip() and not s.lstrip().startswith("#")]
+    if not sentences:
+        raise InputError("text: no sentences found")
+    return sentences
+
+
+def _tokenizer(recipe: Recipe):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from optimizer.runtime.models import hf_folder
+
+    if not isinstance(recipe.model, HFFolderSource):
+        raise InputError("text: real-text inputs need a model source of type hf_folder (it has the tokenizer)")
+    folder: Path = hf_folder(recipe.model, recipe)
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def build_feeds(recipe: Recipe, samples: int, per_scenario: bool = True) -> FeedSet:
+    """`samples` feeds per scenario (or the scenario's own `samples` when per_scenario); text sentences are taken
+    in order, so sample k differs from sample k+1."""
+    if recipe.data_file:
+        return _from_file(recipe, samples)
+    rng = np.random.default_rng(recipe.seed)
+    sentences = read_sentences(recipe) if recipe.text else []
+    tokenizer = _tokenizer(recipe) if recipe.text else None
+    names = [s.name for s in recipe.inputs]
+    by_scenario: dict[str, ScenarioFeeds] = {}
+    cursor = 0
+    for scenario in recipe.scenarios:
+        feeds: list[Feed] = []
+        for _ in range((scenario.samples or samples) if per_scenario else samples):
+            feed: Feed = {}
+            if tokenizer is not None:
+                batch = [sentences[(cursor + i) % len(sentences)] for i in range(scenario.batch)]
+                cursor += scenario.batch
+                enc = tokenizer(
+                    batch, padding=scenario.padding, truncation=True, max_length=scenario.seq, return_tensors="np"
+                )
+                wanted = names or list(enc.keys())
+                for name in wanted:
+                    if name in enc:
+                        feed[name] = np.asarray(enc[name]).astype(np.int64)
+                if not names:
+                    names = list(feed)
+            for spec in recipe.inputs:
+                if spec.name not in feed:
+                    feed[spec.name] = _generate(spec, scenario, rng)
+                else:
+                    feed[spec.name] = feed[spec.name].astype(spec.dtype)
+            feeds.append({n: feed[n] for n in names})
+        by_scenario[scenario.name] = ScenarioFeeds(scenario, feeds)
+    if not names:
+        raise InputError("inputs: the recipe names no inputs (give `inputs` or `text`)")
+    return FeedSet(names, by_scenario)
+
+
+def _from_file(recipe: Recipe, samples: int) -> FeedSet:
+    path = recipe.resolve(recipe.data_file or "")
+    try:
+        with np.load(path) as data:
+            feed = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputError(f"data_file: cannot read {path} ({e})") from None
+    names = [s.name for s in recipe.inputs] or list(feed)
+    missing = [n for n in names if n not in feed]
+    if missing:
+        raise InputError(f"data_file: {path} has no arrays for {missing}")
+    feed = {n: feed[n] for n in names}
+    return FeedSet(names, {s.name: ScenarioFeeds(s, [feed] * (s.samples or samples)) for s in recipe.scenarios})

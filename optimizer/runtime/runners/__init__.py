@@ -1,0 +1,38 @@
+"""Runners load an artifact with its runtime options and run it. One per runtime; imported lazily."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from optimizer.core.artifact import Artifact
+
+if TYPE_CHECKING:
+    from optimizer.recipe.schema import Recipe
+    from optimizer.runtime.runners.base import Runner
+
+
+def runner_for(artifact: Artifact, recipe: Recipe) -> Runner:
+    if artifact.kind == "torch":
+        from optimizer.runtime.runners.torch_runner import TorchRunner
+
+        return TorchRunner(artifact, recipe)
+    if artifact.kind == "onnx":
+        from optimizer.runtime.runners.ort_runner import OrtRunner
+
+        return OrtRunner(artifact, recipe)
+    if artifact.kind == "trt_engine":
+        from optimizer.runtime.runners.trt_runner import TrtRunner
+
+        return TrtRunner(artifact, recipe)
+    raise NotImplementedError(f"no runner for {artifact.kind} artifacts")
+
+
+def runner_reason(artifact: Artifact, recipe: Recipe) -> str | None:
+    """Why this artifact cannot be run (so measured) on the recipe's target here, or None."""
+    from optimizer.runtime import gpu
+
+    if artifact.kind == "trt_engine":
+        return gpu.tensorrt_reason()
+    if recipe.target.device != "cuda":
+        return None
+    return gpu.ort_cuda_reason() if artifact.kind == "onnx" else gpu.cuda_reason()

@@ -1,0 +1,63 @@
+"""Generation runners: a greedy loop over PyTorch (stage 0, static-cache and CUDA-graph stages) or over the
+prefill + decode ONNX graphs (ONNX Runtime; IO binding on the CUDA EP so the KV cache stays on the device)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import OptimizerError
+from optimizer.runtime.threads import target_threads
+
+
+def ort_generator(artifact: Artifact, recipe: Any, device: str | None = None) -> Any:
+    import onnxruntime as ort
+
+    from optimizer.runtime.generation import OrtBoundGenerator, OrtGenerator
+    from optimizer.runtime.gpu import ort_cuda_reason
+    from optimizer.runtime.runners.ort_runner import providers_for, session_options
+
+    device = device or recipe.target.device
+    decode = artifact.decode_path()
+    if artifact.path is None or decode is None:
+        raise OptimizerError(f"{artifact.path}: not a generation artifact (no decode graph)")
+    if device == "cuda" and ort_cuda_reason() is not None:
+        raise OptimizerError(f"target.device: cuda, but {ort_cuda_reason()}")
+    so = session_options(artifact.runtime, target_threads(recipe))
+    providers = providers_for({**artifact.runtime, "cuda_graph": False}, device)
+    try:
+        sessions = [ort.InferenceSession(str(p), so, providers=providers) for p in (artifact.path, decode)]
+    except Exception as e:
+        raise OptimizerError(f"{artifact.path}: onnxruntime cannot load the generation graphs: {e}") from e
+    layers = int(artifact.meta["layers"])
+    if device == "cuda":
+        return OrtBoundGenerator(sessions[0], sessions[1], layers, "cuda")
+    return OrtGenerator(sessions[0], sessions[1], layers)
+
+
+def torch_generator(artifact: Artifact, recipe: Any) -> Any:
+    """Stage 0 (dynamic cache), or the static_kv_cache / cuda_graph stages built on it (runtime options)."""
+    from optimizer.runtime.gpu import cuda_reason
+    from optimizer.runtime.models import load_module
+
+    device = recipe.target.device
+    if device == "cuda" and cuda_reason() is not None:
+        raise OptimizerError(f"target.device: cuda, but {cuda_reason()}")
+    model, threads = load_module(recipe), target_threads(recipe)
+    if artifact.runtime.get("kv_cache") == "static":
+        from optimizer.runtime.generation_static import StaticCacheGenerator
+
+        return StaticCacheGenerator(model, threads, device, bool(artifact.runtime.get("cuda_graph")))
+    if artifact.runtime.get("cuda_graph"):
+        raise OptimizerError("cuda_graph on a generation stage needs a static KV cache (a static_kv_cache stage)")
+    from optimizer.runtime.generation import TorchGenerator
+
+    return TorchGenerator(model, threads, device)
+
+
+def generator_for(artifact: Artifact, recipe: Any) -> Any:
+    if artifact.kind == "torch":
+        return torch_generator(artifact, recipe)
+    if artifact.kind == "onnx":
+        return ort_generator(artifact, recipe)
+    raise OptimizerError(f"generation is not supported for {artifact.kind} artifacts yet")

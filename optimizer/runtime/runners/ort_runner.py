@@ -1,0 +1,274 @@
+"""ONNX Runtime runner (CPU here; the CUDA EP comes with the GPU stages).
+
+Runtime options read from the artifact:
+  graph_optimization_level: disable_all | basic | extended | all. The export stage is measured with
+    disable_all; the `ort_session` stage turns ORT's own optimizations on, so their gain is its own.
+  execution_mode: sequential | parallel; inter_op_threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.errors import OptimizerError
+from optimizer.runtime.runners.base import Runner, Session
+from optimizer.runtime.threads import target_threads
+
+LEVELS = ("disable_all", "basic", "extended", "all")
+
+
+def session_options(runtime: dict[str, Any], threads: int, optimized_path: str | None = None) -> Any:
+    import onnxruntime as ort
+
+    level = runtime.get("graph_optimization_level", "disable_all")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = {
+        "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = int(runtime.get("inter_op_threads", 1))
+    so.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL
+        if runtime.get("execution_mode") == "parallel"
+        else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    so.log_severity_level = 3
+    if optimized_path:
+        so.optimized_model_filepath = optimized_path
+    return so
+
+
+class OrtSession(Session):
+    def __init__(self, session: Any, runtime: dict[str, Any], threads: int) -> None:
+        self.session = session
+        self.runtime = runtime
+        self.threads = threads
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.input_names = [i.name for i in session.get_inputs()]
+
+    def prepare(self, feed: dict[str, np.ndarray]) -> Any:
+        missing = [n for n in self.input_names if n not in feed]
+        if missing:
+            raise OptimizerError(f"inputs: the ONNX model needs {missing} but the recipe gives {sorted(feed)}")
+        return {n: feed[n] for n in self.input_names}
+
+    def run(self, prepared: Any) -> Any:
+        return self.session.run(self.output_names, prepared)
+
+    def to_numpy(self, outputs: Any) -> list[np.ndarray]:
+        return list(outputs)
+
+    def describe(self) -> dict[str, Any]:
+        import onnxruntime as ort
+
+        return {
+            "runtime": "onnxruntime",
+            "onnxruntime": ort.__version__,
+            "providers": self.session.get_providers(),
+            "graph_optimization_level": self.runtime.get("graph_optimization_level", "disable_all"),
+            "execution_mode": self.runtime.get("execution_mode", "sequential"),
+            "threads": self.threads,
+        }
+
+
+class OrtCudaSession(OrtSession):
+    """CUDA EP with IO binding: inputs copied to the device once in `prepare`, outputs bound on the device, so
+    `run` times compute only; with cuda_graph, ORT captures on the first run and replays after (fixed buffers).
+    GPU time comes from CUDA events around the run, recorded on torch's current stream, which is the stream ORT
+    computes on: the session is opened with it as `user_compute_stream` (providers_for)."""
+
+    device_time = True
+
+    def prepare(self, feed: dict[str, np.ndarray]) -> Any:
+        """Without cuda_graph: the feed on the device, outputs bound there (one binding per feed). With it: one
+        CUDA graph per input shape, each under its own `gpu_graph_id`, over static input buffers and its own
+        binding; `run` writes the feed into them first (a host-to-device copy of the inputs, inside the timed
+        call, as a server feeding a captured graph does). One graph id for every shape, as before, replayed
+        graph 0 for a second shape and left that binding's outputs unwritten."""
+        import onnxruntime as ort
+
+        feed = super().prepare(feed)
+        if self.runtime.get("cuda_graph"):
+            return self._graph_for(feed)
+        binding = self.session.io_binding()
+        keep = []
+        for name, arr in feed.items():
+            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
+            keep.append(value)
+            binding.bind_ortvalue_input(name, value)
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", 0)
+        self.session.run_with_iobinding(binding)  # allocates the outputs
+        return (binding, keep, None)
+
+    def _graph_for(self, feed: dict[str, np.ndarray]) -> Any:
+        import onnxruntime as ort
+
+        graphs: dict[Any, Any] = self.__dict__.setdefault("_graphs", {})
+        key = tuple((n, a.shape, a.dtype.str) for n, a in feed.items())
+        if key not in graphs:
+            options = ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(len(graphs) + 1))  # 0 is ORT's default id
+            binding = self.session.io_binding()
+            static = {}
+            for name, arr in feed.items():
+                static[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
+                binding.bind_ortvalue_input(name, static[name])
+            for name in self.output_names:
+                binding.bind_output(name, "cuda", 0)
+            for _ in range(2):  # ORT warms up, then captures on a later run
+                self.session.run_with_iobinding(binding, options)
+            graphs[key] = (binding, static, options)
+        binding, static, options = graphs[key]
+        return (binding, static, {n: np.ascontiguousarray(a) for n, a in feed.items()}, options)
+
+    def run(self, prepared: Any) -> Any:
+        import torch
+
+        if not hasattr(self, "_events"):
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        self._events[0].record()
+        if len(prepared) == 4:  # a captured shape: this feed into its static buffers, then replay
+            binding, static, values, options = prepared
+            for name, value in values.items():
+                static[name].update_inplace(value)
+            self.session.run_with_iobinding(binding, options)
+        else:
+            binding = prepared[0]
+            self.session.run_with_iobinding(binding)
+        self._events[1].record()
+        torch.cuda.synchronize()
+        return binding
+
+    def last_device_ms(self) -> float:
+        return float(self._events[0].elapsed_time(self._events[1]))
+
+    def to_numpy(self, outputs: Any) -> list[np.ndarray]:
+        return list(outputs.copy_outputs_to_cpu())
+
+    def transfer_ms(self, feed: dict[str, np.ndarray]) -> dict[str, float]:
+        import time
+
+        import onnxruntime as ort
+
+        t0 = time.perf_counter()
+        for arr in super().prepare(feed).values():
+            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
+        h2d = (time.perf_counter() - t0) * 1000
+        binding = self.run(self.prepare(feed))
+        t0 = time.perf_counter()
+        binding.copy_outputs_to_cpu()
+        return {"h2d_ms": h2d, "d2h_ms": (time.perf_counter() - t0) * 1000}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "io_binding": True,
+            "cuda_graph": bool(self.runtime.get("cuda_graph")),
+            "transfers": "excluded from timing (measured apart)",
+        }
+
+
+# The CUDA provider and run option keys this module passes to onnxruntime-gpu; tests/test_api_surface.py checks
+# each against the GPU wheel's own binaries (an unknown key is ignored or rejected at run time, on a GPU only).
+CUDA_PROVIDER_KEYS = ("enable_cuda_graph", "has_user_compute_stream", "user_compute_stream")
+CUDA_RUN_KEYS = ("gpu_graph_id",)
+
+
+def providers_for(runtime: dict[str, Any], device: str) -> list[Any]:
+    """ORT providers for a device. On CUDA, ORT computes on torch's current stream (`user_compute_stream`), so
+    the CUDA events the harness records there time ORT's kernels, not an idle stream beside them."""
+    if device != "cuda":
+        return ["CPUExecutionProvider"]
+    import torch
+
+    options = {
+        "enable_cuda_graph": "1" if runtime.get("cuda_graph") else "0",
+        "has_user_compute_stream": "1",
+        "user_compute_stream": str(torch.cuda.current_stream().cuda_stream),
+    }
+    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
+def check_providers(session: Any, device: str, path: Any) -> None:
+    """ORT opens a session with the CPU provider alone when the CUDA provider cannot load (a CUDA runtime or
+    cuDNN of another major, say) and says so only in a log line: everything "on CUDA" would then run on the
+    CPU. Refuse that, with the reason."""
+    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        raise OptimizerError(
+            f"{path}: onnxruntime opened the session without its CUDA execution provider (providers in use: "
+            f"{', '.join(session.get_providers())}); the CUDA provider could not load here, often a CUDA or cuDNN "
+            "of another major than this onnxruntime-gpu build links"
+        )
+
+
+class OrtRunner(Runner):
+    """device: None = the recipe's target; "cpu" for numeric checks inside passes, which must run anywhere."""
+
+    def __init__(self, artifact: Any, recipe: Any, device: str | None = None) -> None:
+        super().__init__(artifact, recipe)
+        self.device = device
+
+    def _open(self) -> Session:
+        import onnxruntime as ort
+
+        from optimizer.runtime.gpu import ort_cuda_reason
+
+        threads = target_threads(self.recipe)
+        device = self.device or self.recipe.target.device
+        if device == "cuda" and ort_cuda_reason() is not None:
+            raise OptimizerError(f"target.device: cuda, but {ort_cuda_reason()}")
+        so = session_options(self.artifact.runtime, threads)
+        try:
+            session = ort.InferenceSession(
+                str(self.artifact.path), so, providers=providers_for(self.artifact.runtime, device)
+            )
+        except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, NotImplemented)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise OptimizerError(f"{self.artifact.path}: onnxruntime cannot load it: {first}") from e
+        check_providers(session, device, self.artifact.path)
+        cls = OrtCudaSession if device == "cuda" else OrtSession
+        return cls(session, self.artifact.runtime, threads)
+
+
+def op_time_breakdown(
+    artifact: Any, recipe: Any, feed: dict[str, np.ndarray], runs: int = 10
+) -> tuple[dict[str, float], int]:
+    """Milliseconds per run spent in each op type, from ONNX Runtime's profiler (its per-node kernel times).
+
+    A separate, profiled session: profiling adds overhead, so these numbers never mix with the timed ones.
+    """
+    import json
+    import os
+    import tempfile
+
+    import onnxruntime as ort
+
+    threads = target_threads(recipe)
+    so = session_options(artifact.runtime, threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "profile")
+        providers = providers_for({**artifact.runtime, "cuda_graph": False}, recipe.target.device)
+        session = ort.InferenceSession(str(artifact.path), so, providers=providers)
+        inputs = {i.name: feed[i.name] for i in session.get_inputs()}
+        session.run(None, inputs)  # warm-up (also profiled; dropped below by counting runs)
+        for _ in range(runs):
+            session.run(None, inputs)
+        path = session.end_profiling()
+        events = json.loads(Path(path).read_text())
+    totals: dict[str, float] = {}
+    kernels = 0
+    for ev in events:
+        if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
+            op = ev.get("args", {}).get("op_name", "?")
+            totals[op] = totals.get(op, 0.0) + ev.get("dur", 0) / 1000.0
+            kernels += 1
+    per_run = {op: t / (runs + 1) for op, t in sorted(totals.items(), key=lambda kv: -kv[1])}
+    return per_run, round(kernels / (runs + 1))
