@@ -42,7 +42,7 @@ class CudaGraphPass(Pass):
             return reason
         if ctx.recipe.target.device != "cuda":
             return "target.device is cpu: CUDA graphs need target.device: cuda"
-        if artifact.meta.get("decode"):
+        if artifact.decode:
             return (
                 "the ONNX decode graph grows its KV cache by one position per token (new shapes every step), so "
                 "ONNX Runtime cannot capture it; a static-cache decode graph is not exported yet"
@@ -66,12 +66,7 @@ class CudaGraphPass(Pass):
             return PassResult(artifact.with_runtime(cuda_graph=True), modified=True, notes={"captured": "torch"})
         for f in artifact.files():
             shutil.copyfile(f, ctx.stage_dir / f.name)
-        out = Artifact(
-            artifact.kind,
-            ctx.stage_dir / artifact.path.name,
-            {**artifact.runtime, "cuda_graph": True},
-            dict(artifact.meta),
-        )
+        out = artifact.derive(path=ctx.stage_dir / artifact.path.name, runtime={**artifact.runtime, "cuda_graph": True})
         try:
             from optimizer.runtime.runners import runner_for
 
@@ -79,13 +74,12 @@ class CudaGraphPass(Pass):
                 for sf in ctx.feeds:
                     session.run(session.prepare(sf.timing))
         except Exception as e:
-            raise PassError(ctx.stage_name, f"CUDA graph capture failed: {e}", ctx.done) from e
+            raise PassError(f"CUDA graph capture failed: {e}") from e
         return PassResult(out, modified=True, notes={"captured": artifact.kind, "graphs": len(ctx.recipe.scenarios)})
 
 
 def _check_decode(ctx: PassContext) -> dict[str, object]:
     """Capture once now and compare the replayed loop with the same loop run eagerly, on the device."""
-    from optimizer.runtime.generation import agreement
     from optimizer.runtime.generation_static import StaticCacheGenerator
     from optimizer.runtime.models import load_module
 
@@ -96,10 +90,10 @@ def _check_decode(ctx: PassContext) -> dict[str, object]:
         graphed = StaticCacheGenerator(model, 1, "cuda", cuda_graph=True)
         got = graphed.generate(prompt, 8)
     except Exception as e:
-        raise PassError(ctx.stage_name, f"CUDA graph capture of the decode step failed: {e}", ctx.done) from e
-    check = agreement(eager, got)
+        raise PassError(f"CUDA graph capture of the decode step failed: {e}") from e
+    check = ctx.check(eager, got)
     if check["token_agreement"] < 1.0:
-        raise PassError(ctx.stage_name, f"the replayed decode step disagrees with eager: {check}", ctx.done)
+        raise PassError(f"the replayed decode step disagrees with eager: {check}")
     return {"check": check, "graphs": graphed.captures}
 
 
@@ -116,12 +110,18 @@ def onnx_blockers(artifact: Artifact) -> str | None:
     blockers = cuda_graph_blockers(op_histogram(artifact.path))
     if blockers:
         return f"control-flow ops {', '.join(blockers)} cannot be captured"
-    import onnxruntime as ort
+    from optimizer.core.errors import OptimizerError
+    from optimizer.runtime.sessions import ort_session
 
-    so = ort.SessionOptions()
-    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    try:
-        ort.InferenceSession(str(artifact.path), so, providers=["CUDAExecutionProvider"])
-    except Exception as e:
+    try:  # ORT's default session options (all optimizations, its thread count): where nodes land as a user's would
+        ort_session(
+            artifact.path,
+            {"graph_optimization_level": "all"},
+            0,
+            "cuda",
+            config={"session.disable_cpu_ep_fallback": "1"},
+            providers=["CUDAExecutionProvider"],
+        )
+    except OptimizerError as e:
         return f"some nodes cannot run on the CUDA EP, so the graph cannot be captured ({str(e).splitlines()[0]})"
     return None

@@ -86,8 +86,8 @@ class ExportPass(Pass):
 
             out, notes = export_generation(artifact, ctx, cfg.opset, cfg.min_cosine)
             return PassResult(out, modified=True, notes=notes)
-        inputs: list[str] = artifact.meta["input_names"]
-        outputs: list[str] = artifact.meta["output_names"]
+        inputs: list[str] = artifact.input_names
+        outputs: list[str] = artifact.output_names
         module = NamedIO.wrap(load_module(ctx.recipe), inputs, outputs)
         axes = _dynamic_axes(ctx) if cfg.dynamic else {}
         sample = _export_sample(ctx, axes) if axes else ctx.feeds.by_scenario[ctx.recipe.scenarios[0].name].timing
@@ -112,18 +112,20 @@ class ExportPass(Pass):
                 )
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PassError(ctx.stage_name, f"torch.onnx.export ({cfg.exporter}) failed: {first}", ctx.done) from e
+            raise PassError(f"torch.onnx.export ({cfg.exporter}) failed: {first}") from e
         # Re-save through one helper so files past 2 GB get external data the same way in every pass.
         model = onnx_io.load(tmp)
         path = ctx.stage_dir / "model.onnx"
         external = onnx_io.save(model, path)
         tmp.unlink()
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-        out = Artifact(
-            "onnx",
-            path,
+        out = artifact.derive(
+            kind="onnx",
+            path=path,
             runtime={"graph_optimization_level": "disable_all"},
-            meta={**artifact.meta, "exporter": cfg.exporter, "opset": opset, "external_data": external},
+            exporter=cfg.exporter,
+            opset=opset,
+            external_data=external,
         )
         check = self._check(module, out, ctx, cfg.min_cosine)
         notes = {
@@ -139,24 +141,18 @@ class ExportPass(Pass):
         """Compare ORT (optimizations off) with PyTorch on each scenario's timing input."""
         import torch
 
-        from optimizer.measure.accuracy import compare, mask_of
-        from optimizer.runtime.runners.ort_runner import OrtRunner
+        def torch_outputs(feed: dict[str, Any]) -> list[Any]:
+            with torch.inference_mode():
+                return [t.numpy() for t in module(*(torch.from_numpy(feed[n]) for n in ctx.feeds.input_names))]
 
-        names = artifact.meta["output_names"]
         result: dict[str, Any] = {}
-        with OrtRunner(artifact, ctx.recipe, device="cpu").load() as session:
-            for sf in ctx.feeds:
-                with torch.inference_mode():
-                    ref = [t.numpy() for t in module(*(torch.from_numpy(sf.timing[n]) for n in ctx.feeds.input_names))]
-                got = session.to_numpy(session.run(session.prepare(sf.timing)))
-                meter = compare(ref, got, names, mask_of(sf.timing))
-                result[sf.scenario.name] = meter.to_json()
-                worst = meter.worst_cosine()
-                if worst < min_cosine:
-                    raise PassError(
-                        ctx.stage_name,
-                        f"the ONNX graph disagrees with PyTorch on scenario {sf.scenario.name!r}: "
-                        f"cosine {worst:.6f} < {min_cosine}",
-                        ctx.done,
-                    )
+        for sf in ctx.feeds:
+            check = ctx.check(torch_outputs, artifact, [sf.timing])
+            result[sf.scenario.name] = check.per_output
+            worst = check.worst(nonfinite_fails=False)
+            if worst < min_cosine:
+                raise PassError(
+                    f"the ONNX graph disagrees with PyTorch on scenario {sf.scenario.name!r}: "
+                    f"cosine {worst:.6f} < {min_cosine}"
+                )
         return result

@@ -10,8 +10,6 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import numpy as np
-
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import PassContext
@@ -65,37 +63,34 @@ def export_generation(
             )
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PassError(ctx.stage_name, f"generation export failed: {first}", ctx.done) from e
+        raise PassError(f"generation export failed: {first}") from e
     tmp = {part: ctx.stage_dir / f"{part}.tmp.onnx" for part in ("prefill", "decode")}
     shared = onnx_io.save_shared({f"{part}.onnx": onnx_io.load(path) for part, path in tmp.items()}, ctx.stage_dir)
     for path in tmp.values():
         path.unlink()
-    out = Artifact(
-        "onnx",
-        ctx.stage_dir / "prefill.onnx",
-        {"graph_optimization_level": "disable_all"},
-        {
-            **artifact.meta,
-            "exporter": "dynamo",
-            "external_data": shared,  # one weights file for both graphs (onnx_io.save_shared)
-            "decode": "decode.onnx",
-            "decode_external_data": [],
-            "layers": layers,
-            "output_names": ["generation"],
-        },
+    out = artifact.derive(
+        kind="onnx",
+        path=ctx.stage_dir / "prefill.onnx",
+        runtime={"graph_optimization_level": "disable_all"},
+        exporter="dynamo",
+        external_data=shared,  # one weights file for both graphs (onnx_io.save_shared)
+        decode="decode.onnx",
+        decode_external_data=[],
+        layers=layers,
+        output_names=["generation"],
     )
     check = _check(model, out, ctx, min_cosine)
     return out, {"graphs": ["prefill.onnx", "decode.onnx"], "layers": layers, "check": check, "log": log.getvalue()}
 
 
 def _check(model: Any, artifact: Artifact, ctx: PassContext, min_cosine: float) -> dict[str, Any]:
-    from optimizer.runtime.generation import TorchGenerator, agreement
+    from optimizer.runtime.generation import TorchGenerator
     from optimizer.runtime.runners.gen_runner import ort_generator
 
     torch_gen = TorchGenerator(model, 1)
     ort_gen = ort_generator(artifact, ctx.recipe, device="cpu")
     prompt = next(iter(ctx.feeds)).timing["input_ids"]
-    result = agreement(torch_gen.generate(prompt, 8), ort_gen.generate(prompt, 8))
+    result: dict[str, Any] = ctx.check(torch_gen.generate(prompt, 8), ort_gen.generate(prompt, 8))
     if result["token_agreement"] < 1.0 or result["logits_cosine_min"] < min_cosine:
-        raise PassError(ctx.stage_name, f"the ONNX generation loop disagrees with PyTorch: {result}")
-    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in result.items()}
+        raise PassError(f"the ONNX generation loop disagrees with PyTorch: {result}")
+    return result

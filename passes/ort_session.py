@@ -14,7 +14,7 @@ import shutil
 from typing import Literal
 
 from optimizer.core.artifact import Artifact
-from optimizer.core.errors import PassError
+from optimizer.core.errors import OptimizerError, PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 
 
@@ -34,10 +34,8 @@ class OrtSessionPass(Pass):
     handles_generation = True
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        import onnxruntime as ort
-
         from optimizer.runtime import onnx_io
-        from optimizer.runtime.runners.ort_runner import session_options
+        from optimizer.runtime.sessions import ort_session
         from optimizer.runtime.threads import target_threads
 
         cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
@@ -51,15 +49,14 @@ class OrtSessionPass(Pass):
             "execution_mode": cfg.execution_mode,
             "inter_op_threads": cfg.inter_op_threads,
         }
-        out = Artifact("onnx", model_path, {**artifact.runtime, **runtime}, dict(artifact.meta))
+        out = artifact.derive(path=model_path, runtime={**artifact.runtime, **runtime})
         notes: dict[str, object] = {"session_options": runtime}
         if cfg.save_optimized:
             optimized = ctx.stage_dir / "ort_optimized.onnx"
-            so = session_options(out.runtime, target_threads(ctx.recipe), str(optimized))
             try:
-                ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-            except Exception as e:
-                raise PassError(ctx.stage_name, f"onnxruntime could not optimize the graph: {e}", ctx.done) from e
+                ort_session(model_path, out.runtime, target_threads(ctx.recipe), optimized_path=str(optimized))
+            except OptimizerError as e:
+                raise PassError(f"onnxruntime could not optimize the graph: {e}") from e
             hist = onnx_io.op_histogram(optimized)
             notes["ort_optimized_graph"] = {
                 "file": optimized.name,

@@ -50,9 +50,9 @@ class OrtTransformersPass(Pass):
                 )
                 stats = optimized.get_fused_operator_statistics()
         except Exception as e:
-            raise PassError(ctx.stage_name, f"onnxruntime.transformers.optimizer failed: {e}", ctx.done) from e
+            raise PassError(f"onnxruntime.transformers.optimizer failed: {e}") from e
         path = ctx.stage_dir / "model.onnx"
         external = onnx_io.save(optimized.model, path)
-        out = Artifact("onnx", path, dict(artifact.runtime), {**artifact.meta, "external_data": external})
+        out = artifact.derive(path=path, external_data=external)
         fused = {k: v for k, v in stats.items() if v}
         return PassResult(out, modified=bool(fused), notes={"fused_ops": fused, "log": log.getvalue()[-4000:]})

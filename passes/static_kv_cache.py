@@ -33,7 +33,7 @@ class StaticKVCachePass(Pass):
         return None
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        from optimizer.runtime.generation import TorchGenerator, agreement
+        from optimizer.runtime.generation import TorchGenerator
         from optimizer.runtime.generation_static import StaticCacheGenerator
         from optimizer.runtime.models import load_module
 
@@ -43,9 +43,9 @@ class StaticKVCachePass(Pass):
         model = load_module(ctx.recipe)  # both loops read it, neither changes it
         expected = TorchGenerator(model, 1).generate(prompt, 8)
         static = StaticCacheGenerator(model, 1)
-        check = agreement(expected, static.generate(prompt, 8))
+        check = ctx.check(expected, static.generate(prompt, 8))
         if check["token_agreement"] < 1.0:
-            raise PassError(ctx.stage_name, f"the static-cache loop disagrees with the dynamic one: {check}")
+            raise PassError(f"the static-cache loop disagrees with the dynamic one: {check}")
         ops, reads = static.step_host_reads(prompt)
         capturable = {
             "decode_step_ops": ops,

@@ -114,7 +114,7 @@ class TensorRTPass(Pass):
         full = onnx_io.load(artifact.path)
         fp16 = sum(1 for t in full.graph.initializer if t.data_type == 10)
         precision = precision_summary(onnx_io.op_histogram(artifact.path), fp16)
-        meta = {
+        facts = {
             "tensorrt": trt.__version__,
             **device_summary(),
             "build_seconds": time.perf_counter() - start,
@@ -127,10 +127,12 @@ class TensorRTPass(Pass):
             "source_graph": artifact.path.name,
         }
         if cfg.cross_check:
-            meta["cross_check"] = engine_cross_check(artifact.path, engine_path, ctx, precision)
-        (ctx.stage_dir / "engine.json").write_text(json.dumps(meta, indent=2))
-        out = Artifact("trt_engine", engine_path, {"cuda_graph": False}, {**artifact.meta, "engine": meta})
-        return PassResult(out, modified=True, notes=meta)
+            facts["cross_check"] = engine_cross_check(artifact.path, engine_path, ctx, precision)
+        (ctx.stage_dir / "engine.json").write_text(json.dumps(facts, indent=2))
+        out = artifact.derive(
+            kind="trt_engine", path=engine_path, runtime={"cuda_graph": False}, external_data=[], engine=facts
+        )
+        return PassResult(out, modified=True, notes=facts)
 
 
 def build_engine(trt: Any, onnx_path: Path, profiles: dict[str, dict[str, tuple[int, ...]]], cfg: TensorRTConfig,
@@ -170,9 +172,9 @@ def build_engine(trt: Any, onnx_path: Path, profiles: dict[str, dict[str, tuple[
             serialized = build()
     except PolygraphyException as e:
         errors = "; ".join(logged_errors(log)) or str(e)
-        raise PassError(ctx.stage_name, f"TensorRT could not build an engine: {errors}", ctx.done) from None
+        raise PassError(f"TensorRT could not build an engine: {errors}") from None
     if not serialized:
-        raise PassError(ctx.stage_name, f"TensorRT could not build an engine (see {log})", ctx.done)
+        raise PassError(f"TensorRT could not build an engine (see {log})")
     return serialized
 
 

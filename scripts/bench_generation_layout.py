@@ -65,7 +65,7 @@ def main() -> None:
     records = {r.name: r for r in Pipeline(recipe, Path("runs") / recipe.name, measure=False).execute()}
     export = records["export"].artifact
     shared_dir, prefill = export.path.parent, export.path.name
-    layers = int(export.meta["layers"])
+    layers = export.decoder_layers()
     separate_dir = Path(tempfile.mkdtemp())
     for name in (prefill, "decode.onnx"):
         onnx_io.save(onnx_io.load(shared_dir / name), separate_dir / name)

@@ -96,7 +96,8 @@ def ort_stream() -> dict[str, Any]:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from optimizer.runtime.runners.ort_runner import OrtCudaSession, check_providers, providers_for
+    from optimizer.runtime.runners.ort_runner import OrtCudaSession
+    from optimizer.runtime.sessions import check_providers, providers_for
 
     w = numpy_helper.from_array(np.random.default_rng(0).random((2048, 2048)).astype(np.float32), "w")
     graph = helper.make_graph(

@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--version", default="1.23.2")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from optimizer.runtime.runners.ort_runner import CUDA_PROVIDER_KEYS, CUDA_RUN_KEYS
+    from optimizer.runtime.sessions import CUDA_PROVIDER_KEYS, CUDA_RUN_KEYS
 
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(

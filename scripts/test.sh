@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 ruff check optimizer passes scripts tests
+lint-imports  # the layers and no-circle contracts in .importlinter
 python -m pytest -q "$@"

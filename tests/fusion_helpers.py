@@ -11,10 +11,11 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from passes.fuse import _rules
+from passes.fuse import RULES_BY_NAME, apply_rules
 from passes.fuse.context import RuleContext
-from passes.fuse.graph import RuleReport, name_nodes
+from passes.fuse.graph import name_nodes
 from passes.fuse.probe import add_contrib_opset, probe_values
+from passes.fuse.rule import RuleReport
 
 
 def model(
@@ -48,11 +49,12 @@ def fuse(
     graph = gs.import_onnx(m)
     name_nodes(graph)
     ctx = RuleContext(target, int(graph.opset), feed, probe_values(graph, feed))  # type: ignore[arg-type]
-    available = _rules()
     reports = {}
-    for name in rules:
-        reports[name] = available[name](graph, ctx)
-        graph.cleanup().toposort()
+    for name in rules:  # one at a time, to hold each rule to the op types it declares
+        before = Counter(n.op for n in graph.nodes)
+        reports.update(apply_rules(graph, [name], ctx))
+        added = {op for op, n in Counter(n.op for n in graph.nodes).items() if n > before[op]}
+        assert added <= set(RULES_BY_NAME[name].emits), f"{name} wrote {added}, declares {RULES_BY_NAME[name].emits}"
     out = gs.export_onnx(graph)
     add_contrib_opset(out)
     return out, reports

@@ -223,7 +223,7 @@ def test_onnxruntime_gpu_offers_what_we_call() -> None:
     binaries): the IO-binding methods, and every CUDA provider and run option key the runner passes."""
     import re
 
-    from optimizer.runtime.runners.ort_runner import CUDA_PROVIDER_KEYS, CUDA_RUN_KEYS
+    from optimizer.runtime.sessions import CUDA_PROVIDER_KEYS, CUDA_RUN_KEYS
 
     path = WHEELS / "onnxruntime-gpu.json"
     if not path.is_file():
@@ -248,7 +248,7 @@ def test_provider_options_are_the_checked_keys(monkeypatch: pytest.MonkeyPatch) 
 
     import torch
 
-    from optimizer.runtime.runners.ort_runner import CUDA_PROVIDER_KEYS, providers_for
+    from optimizer.runtime.sessions import CUDA_PROVIDER_KEYS, providers_for
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=1))
     (_, options), _ = providers_for({}, "cuda")

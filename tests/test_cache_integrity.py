@@ -37,6 +37,22 @@ def test_an_edited_metrics_file_is_measured_again(tmp_path: Path) -> None:
     assert "metrics.json" in ort.notes.get("cache", "") and "measured again" in ort.notes["cache"]
 
 
+def test_cached_metrics_that_do_not_fit_the_schema_are_measured_again(tmp_path: Path) -> None:
+    """A metrics.json with a valid checksum but a layout the typed report cannot read (an older version's, say)
+    is measured again, not carried into the report where it would stop the run."""
+    from optimizer.engine.pipeline import _metrics_digest
+
+    _run(tmp_path)
+    path = tmp_path / "out" / "02-ort_session" / "metrics.json"
+    saved = json.loads(path.read_text())
+    saved["metrics"]["scenarios"]["b1"]["latency"] = "fast"
+    saved["digest"] = _metrics_digest(saved["key"], saved)
+    path.write_text(json.dumps(saved))
+    ort = _run(tmp_path)[2]
+    assert isinstance(ort.metrics["scenarios"]["b1"]["latency"], dict)
+    assert "does not fit the metrics schema" in ort.notes.get("cache", "")
+
+
 def test_a_model_file_changed_in_place_at_the_same_size_is_rebuilt(tmp_path: Path) -> None:
     _run(tmp_path)
     model = tmp_path / "out" / "01-export" / "model.onnx"

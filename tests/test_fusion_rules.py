@@ -3,13 +3,18 @@ outputs do not change."""
 
 from __future__ import annotations
 
+import importlib
 import math
+import subprocess
+import sys
+from collections import Counter
 
 import numpy as np
 import pytest
 from fusion_helpers import assert_same, float_input, fuse, model, ops
 from onnx import helper
 
+from passes.fuse import FUSED_OPS, RULE_NAMES, RULES, count_fused
 from passes.fuse.attention import Decline, classify_mask
 
 rng = np.random.default_rng(0)
@@ -149,7 +154,8 @@ def test_gelu_for_tensorrt_is_the_standard_op_at_opset_20() -> None:
     m.opset_import[0].version = 20
     out, reports = fuse(m, feed, ["gelu", "bias_gelu"], target="tensorrt")
     assert ops(out) == {"Gelu": 1} and out.graph.node[0].domain in ("", "ai.onnx")
-    assert reports["bias_gelu"].misses == ["bias-gelu: not used for target tensorrt"]
+    assert reports["bias_gelu"].skipped == "bias-gelu: not used for target tensorrt"
+    assert reports["bias_gelu"].to_json()["not_fused"] == ["bias-gelu: not used for target tensorrt"]
     assert_same(m, out, feed)
 
 
@@ -179,7 +185,7 @@ def test_gelu_tanh_form_to_fastgelu() -> None:
     assert_same(m, out, feed)
 
 
-def test_gemm_only_for_2d_inputs() -> None:
+def gemm_graph() -> tuple:
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["mm"]),
         helper.make_node("Add", ["mm", "b"], ["y"]),
@@ -189,6 +195,11 @@ def test_gemm_only_for_2d_inputs() -> None:
     inits = {"w": rng.normal(size=(8, 4)).astype(np.float32), "b": rng.normal(size=4).astype(np.float32)}
     m = model(nodes, [float_input("x", [5, 8]), float_input("x3", [2, 5, 8])], ["y", "y3"], inits)
     feed = {"x": rng.normal(size=(5, 8)).astype(np.float32), "x3": rng.normal(size=(2, 5, 8)).astype(np.float32)}
+    return m, feed
+
+
+def test_gemm_only_for_2d_inputs() -> None:
+    m, feed = gemm_graph()
     out, reports = fuse(m, feed, ["gemm"])
     assert reports["gemm"].fused == 1 and ops(out)["Gemm"] == 1 and ops(out)["MatMul"] == 1
     assert "input is 3-D" in reports["gemm"].misses[0]
@@ -232,7 +243,7 @@ def test_conv_relu_and_conv_add_relu_to_fusedconv_on_cpu_only() -> None:
     assert ops(out) == {"FusedConv": 2}
     assert_same(m, out, feed, atol=1e-4)
     _, reports = fuse(m, feed, ["conv_bn", "conv_activation"], target="cuda")
-    assert reports["conv_activation"].fused == 0 and "CPU kernel" in reports["conv_activation"].misses[0]
+    assert reports["conv_activation"].fused == 0 and "CPU kernel" in (reports["conv_activation"].skipped or "")
 
 
 NEG = np.float32(-3.4e38)
@@ -254,3 +265,73 @@ def test_mask_classification() -> None:
     sliding = np.where(np.abs(np.arange(s)[:, None] - np.arange(s)[None]) <= 1, 0, NEG)[None, None].astype(np.float32)
     with pytest.raises(Decline, match="not a 2-D padding mask"):
         classify_mask(sliding, pad, s)
+
+
+def test_gelu_declined_for_tensorrt_below_opset_20_keeps_the_graph() -> None:
+    m, feed = gelu_erf_graph("x_first", bias=False)  # opset 17: TensorRT has no Gelu op to fuse into
+    out, reports = fuse(m, feed, ["gelu"], target="tensorrt")
+    assert reports["gelu"].fused == 0 and "opset 17 < 20 has no Gelu" in reports["gelu"].misses[0]
+    assert ops(out)["Erf"] == 1
+    assert_same(m, out, feed)
+
+
+def test_fused_ops_are_derived_from_the_rules_emits() -> None:
+    assert set(FUSED_OPS) == {op for rule in RULES for op in rule.emits}
+    assert {"Attention", "SkipLayerNormalization", "LayerNormalization", "BiasGelu", "Gelu", "FastGelu"} <= set(
+        FUSED_OPS
+    )
+    before = Counter({"MatMul": 2, "Add": 2, "LayerNormalization": 1})
+    after = Counter({"MatMul": 1, "Gemm": 1, "LayerNormalization": 1, "Cast": 1})
+    # Only declared op types count, and only where the graph gained some.
+    assert count_fused(before, after) == {"Gemm": 1}
+
+
+def test_every_rule_resolves_to_its_rewrite() -> None:
+    assert tuple(r.name for r in RULES) == RULE_NAMES and len(set(RULE_NAMES)) == len(RULES)
+    for rule in RULES:
+        module, func = rule.impl.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), rule.name
+        assert rule.targets and rule.targets <= {"cpu", "cuda", "tensorrt"}, rule.name
+
+
+def test_rules_off_target_are_not_run_and_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("an off-target rule ran")
+
+    monkeypatch.setattr("passes.fuse.conv.fuse_conv_activation", must_not_run)
+    monkeypatch.setattr("passes.fuse.attention_rule.fuse_attention", must_not_run)
+    m, feed = conv_graph()
+    out, reports = fuse(m, feed, ["conv_bn", "attention", "conv_activation"], target="tensorrt")
+    assert reports["conv_bn"].fused == 1 and reports["conv_bn"].skipped is None
+    assert reports["attention"].skipped == "attention: com.microsoft.Attention is not available for target tensorrt"
+    assert reports["conv_activation"].skipped == (
+        "conv-activation: FusedConv is a CPU kernel; target tensorrt fuses this itself"
+    )
+    assert reports["conv_activation"].to_json() == {
+        "fused": 0,
+        "not_fused": [reports["conv_activation"].skipped],
+        "matched": 0,
+        "skipped": reports["conv_activation"].skipped,
+    }
+    assert "FusedConv" not in ops(out)
+    assert [r.name for r in RULES if not r.runs_on("tensorrt")] == [
+        "attention",
+        "skip_layernorm",
+        "bias_gelu",
+        "conv_activation",
+    ]
+
+
+def test_rule_report_says_what_matched_fused_and_declined() -> None:
+    m, feed = gemm_graph()
+    _, reports = fuse(m, feed, ["gemm"])
+    report = reports["gemm"].to_json()
+    assert report["fused"] == 1 and report["matched"] == 2
+    assert report["not_fused"] == ["gemm at MatMul_2: input is 3-D, Gemm pays only for 2-D"]
+    assert "skipped" not in report and "details" not in report
+
+
+def test_rule_declarations_load_without_graphsurgeon() -> None:
+    """Recipe validation imports passes.fuse for its config; the rewrites (and onnx-graphsurgeon) wait for a run."""
+    code = "import sys, passes.fuse; sys.exit('onnx_graphsurgeon' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -12,10 +12,12 @@ from conftest import write_recipe
 
 from optimizer.core.pass_base import PassContext
 from optimizer.engine.pipeline import Pipeline
+from optimizer.measure.accuracy import generation_agreement as agreement
+from optimizer.measure.services import MeasureServices
 from optimizer.recipe.loading import load_recipe, parse_recipe
 from optimizer.recipe.schema import SCENARIO_PRESETS
 from optimizer.report.build import write_report
-from optimizer.runtime.generation import OrtBoundGenerator, TorchGenerator, agreement
+from optimizer.runtime.generation import OrtBoundGenerator, TorchGenerator
 from optimizer.runtime.generation_static import StaticCacheGenerator
 from optimizer.runtime.gpu import cuda_reason
 from optimizer.runtime.models import load_module
@@ -195,7 +197,7 @@ def test_prefill_and_decode_share_one_weights_file(gen_run: list) -> None:
     import onnx
 
     source, export, int8 = gen_run[0], gen_run[1], gen_run[3]
-    assert export.artifact.meta["external_data"] == ["weights.bin"]
+    assert export.artifact.external_data == ["weights.bin"]
     weights = (export.artifact.path.parent / "weights.bin").stat().st_size  # the graphs' own protobuf aside
     assert weights < 1.05 * source.metrics["size_bytes"]
     for rec in (export, int8):
@@ -249,9 +251,9 @@ def test_cuda_graph_on_generation_says_what_it_needs(tmp_path: Path, monkeypatch
     monkeypatch.setattr(CudaGraphPass, "environment_reason", classmethod(lambda cls: None))
     data = recipe_data([])
     data["target"] = {"device": "cuda"}
-    ctx = PassContext(parse_recipe(data), "cuda_graph", tmp_path, None)  # type: ignore[arg-type]
+    ctx = PassContext(parse_recipe(data), "cuda_graph", tmp_path, None, MeasureServices())  # type: ignore[arg-type]
     p = CudaGraphPass(CudaGraphPass.Config())
-    onnx = Artifact("onnx", Path("prefill.onnx"), {}, {"decode": "decode.onnx", "layers": 2})
+    onnx = Artifact("onnx", Path("prefill.onnx"), decode="decode.onnx", layers=2)
     assert "grows its KV cache by one position per token" in str(p.skip_reason(onnx, ctx))
     dynamic = Artifact("torch", None)
     assert "put a static_kv_cache stage before it" in str(p.skip_reason(dynamic, ctx))
@@ -282,7 +284,7 @@ def test_passes_that_would_touch_only_the_prefill_graph_decline(name: str) -> No
     from optimizer.core.registry import pass_class
 
     cls = pass_class(name)
-    gen = Artifact("onnx", Path("prefill.onnx"), {}, {"decode": "decode.onnx", "layers": 2})
+    gen = Artifact("onnx", Path("prefill.onnx"), decode="decode.onnx", layers=2)
     reason = cls(cls.Config()).skip_reason(gen, None)  # type: ignore[arg-type]
     assert reason == f"{name} does not handle generation graphs (prefill + decode with a KV cache) yet"
 
@@ -350,10 +352,10 @@ def test_static_kv_cache_declines_forward_recipes_and_onnx(tmp_path: Path) -> No
     from passes.static_kv_cache import StaticKVCachePass
 
     p = StaticKVCachePass(StaticKVCachePass.Config())
-    forward = PassContext(parse_recipe(mlp_recipe()), "static_kv_cache", tmp_path, None)  # type: ignore[arg-type]
+    forward = PassContext(parse_recipe(mlp_recipe()), "static_kv_cache", tmp_path, None, MeasureServices())  # type: ignore[arg-type]
     assert p.skip_reason(Artifact("torch", None), forward) == (
         "a KV cache is a generation option; this recipe's workload is forward"
     )
-    generation = PassContext(parse_recipe(recipe_data([])), "static_kv_cache", tmp_path, None)  # type: ignore[arg-type]
+    generation = PassContext(parse_recipe(recipe_data([])), "static_kv_cache", tmp_path, None, MeasureServices())  # type: ignore[arg-type]
     assert p.skip_reason(Artifact("torch", None), generation) is None
     assert "takes torch artifacts, got onnx" in str(p.skip_reason(Artifact("onnx", Path("m.onnx")), generation))

@@ -130,7 +130,7 @@ def torch_stream(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ort_computes_on_the_stream_the_harness_times(torch_stream: None) -> None:
-    from optimizer.runtime.runners.ort_runner import providers_for
+    from optimizer.runtime.sessions import providers_for
 
     (name, options), cpu = providers_for({"cuda_graph": True}, "cuda")
     assert name == "CUDAExecutionProvider" and cpu == "CPUExecutionProvider"
@@ -153,7 +153,7 @@ def test_cuda_session_that_fell_back_to_the_cpu_is_refused(
     monkeypatch.setattr(ort, "InferenceSession", FakeOrtSession)
     monkeypatch.setattr(optimizer.runtime.gpu, "ort_cuda_reason", lambda: None)
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
-    runner = OrtRunner(Artifact("onnx", tmp_path / "m.onnx", {}, {}), recipe, device="cuda")
+    runner = OrtRunner(Artifact("onnx", tmp_path / "m.onnx"), recipe, device="cuda")
     with pytest.raises(OptimizerError, match="without its CUDA execution provider"), runner.load():
         pass
 
@@ -258,8 +258,12 @@ def _model_config_pb2() -> Any:
     return module
 
 
-def _report(device: str, threads: int) -> dict[str, Any]:
-    return {"settings": {"device": device, "threads": threads}, "scenarios": [{"batch": 1}, {"batch": 8}]}
+def _report(device: str, threads: int) -> Any:
+    from test_report_schema import report_of
+
+    settings = {"device": device, "threads": threads, "benchmark": {}, "accuracy": {}}
+    scenarios = [{"name": "b1", "batch": 1, "seq": 1}, {"name": "b8", "batch": 8, "seq": 1}]
+    return report_of([], scenarios, settings=settings)
 
 
 @pytest.mark.parametrize(("level", "expected"), [("disable_all", 2), ("basic", -1), ("extended", 1), ("all", None)])
@@ -297,6 +301,7 @@ def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
 
     from conftest import mlp_recipe, write_recipe
 
+    from optimizer.core.artifact import Artifact
     from optimizer.deploy.bundle import export_bundle, unchecked_reason, verify_bundle
     from optimizer.engine.pipeline import Pipeline
     from optimizer.recipe.loading import load_recipe
@@ -310,12 +315,11 @@ def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
     folder.mkdir()
     (folder / "model.plan").write_bytes(b"fixture engine: not a real plan" * 10)
     (folder / "engine.json").write_text(json.dumps({"tensorrt": "10.13", "gpu": "NVIDIA H200"}))
-    trt_stage = json.loads(json.dumps(report["stages"][-1]))
-    trt_stage.update(
+    trt_stage = report.stages[-1].model_copy(update=dict(
         index=3, name="tensorrt", type="tensorrt", parent="ort_session", folder=folder.name,
-        artifact={"kind": "trt_engine", "path": str(folder / "model.plan"), "runtime": {}, "meta": {}},
-    )
-    report["stages"].append(trt_stage)
+        artifact=Artifact("trt_engine", folder / "model.plan"),
+    ))
+    report.stages.append(trt_stage)
     out = export_bundle(report, "tensorrt", "tensorrt", tmp_path / "bundle")
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["files"]) == {

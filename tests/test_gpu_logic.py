@@ -9,6 +9,7 @@ import pytest
 from conftest import mlp_recipe, write_recipe
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.errors import InputError
 from optimizer.engine.pipeline import Pipeline
 from optimizer.recipe.loading import load_recipe, parse_recipe
 from optimizer.runtime.gpu import cuda_reason, ort_cuda_reason, tensorrt_reason
@@ -23,7 +24,7 @@ def test_profiles_cover_every_scenario() -> None:
     p = derive_profiles(shapes, scenarios)
     assert p["input_ids"] == {"min": (1, 64), "opt": (1, 128), "max": (8, 512)}
     assert p["pixel"] == {"min": (1, 3, 224, 224), "opt": (1, 3, 224, 224), "max": (8, 3, 224, 224)}
-    with pytest.raises(ValueError, match="dim 'frames' is not bound"):
+    with pytest.raises(InputError, match="dim 'frames' is not bound"):
         derive_profiles({"video": ["batch", "frames"]}, scenarios)
 
 
@@ -162,18 +163,18 @@ def test_profiler_trace_is_read_back_with_its_categories() -> None:
 
 def test_more_kernel_launches_than_the_parent_is_a_finding() -> None:
     """The seeds' "37% more kernel launches", said in the report's findings and shown as a column."""
+    from test_report_schema import report_of
+
     from optimizer.report.build import columns, findings, stage_rows
 
     def stage(index: int, name: str, parent: str | None, launches: float) -> dict:
         k = {"kernels": 300.0, "launches": launches, "graph_launches": 0.0, "memcpy": 0.0, "calls": 3}
-        scen = {"latency": {"p50_ms": 1.0, "cv": 0.01}, "cuda_kernels": k}
-        return {"index": index, "name": name, "type": "x", "parent": parent, "status": "ran",
-                "metrics": {"within_budget": True, "scenarios": {"b1": scen}}}  # fmt: skip
+        lat = {"n": 3, "p50_ms": 1.0, "p90_ms": 1.0, "p99_ms": 1.0, "mean_ms": 1.0, "std_ms": 0.0, "min_ms": 1.0}
+        scen = {"latency": {**lat, "cv": 0.01}, "throughput": {"samples_per_s": 1000.0}, "cuda_kernels": k}
+        metrics = {"within_budget": True, "budget": "ok", "accuracy": {}, "scenarios": {"b1": scen}}
+        return {"index": index, "name": name, "type": "x", "parent": parent, "status": "ran", "metrics": metrics}
 
-    report = {
-        "recipe": {"workload": "forward"},
-        "stages": [stage(0, "base", None, 301), stage(1, "flash", "base", 412), stage(2, "lean", "flash", 400)],
-    }
+    report = report_of([stage(0, "base", None, 301), stage(1, "flash", "base", 412), stage(2, "lean", "flash", 400)])
     said = findings(report)
     assert said == ["flash (x) on b1: 37% more kernel launches per call than its input (base): 412 vs 301"]
     assert columns(report)[-1] == ("kernels", "kernels/launches")
@@ -186,3 +187,20 @@ def test_cuda_graph_replay_cuts_host_launches(tmp_path: Path) -> None:
     eager, graph = (r.metrics["scenarios"]["b1"]["cuda_kernels"] for r in records)
     assert eager["kernels"] >= 1 and eager["graph_launches"] == 0
     assert graph["graph_launches"] == 1 and graph["launches"] < eager["launches"]
+
+
+def test_a_cpu_build_of_torch_is_known_without_importing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuda_reason reads torch/version.py first: `cuda = None` is a CPU build, a version string a CUDA build
+    (then torch itself is asked whether a device is there)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from optimizer.runtime import gpu
+
+    real = importlib.util.find_spec
+    fake = SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: fake if name == "torch" else real(name, *a))
+    (tmp_path / "version.py").write_text("__version__ = '2.11.0'\ncuda: Optional[str] = None\n")
+    assert gpu._torch_is_cpu_build()
+    (tmp_path / "version.py").write_text("__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n")
+    assert not gpu._torch_is_cpu_build()

@@ -107,8 +107,9 @@ def test_a_corrupt_history_does_not_hide_the_results(tmp_path: Path) -> None:
 
 def _history_with_runs(finished_run: Path, path: Path, n: int = 3) -> None:
     from optimizer.report.history import record
+    from optimizer.report.schema import read_report
 
-    report = json.loads((finished_run / "report.json").read_text())
+    report = read_report(finished_run / "report.json")
     for _ in range(n):
         record(report, path)
     with sqlite3.connect(path) as conn:
@@ -142,6 +143,20 @@ def test_unknown_schema_version_is_refused(finished_run: Path, tmp_path: Path) -
     assert proc.returncode == 2
     line = _one_error_line(proc.stderr)
     assert "schema_version 99" in line and str(newer) in line
+
+
+def test_a_v1_report_still_shows_and_diffs_against_a_v2_one(finished_run: Path) -> None:
+    """Reports written before schema_version 2 are upgraded when read: `report` and `diff` take them as they are."""
+    v1 = TESTS / "data" / "report_v1_minilm.json"
+    assert json.loads(v1.read_text())["schema_version"] == 1
+    assert json.loads((finished_run / "report.json").read_text())["schema_version"] == 2
+    shown = run_cli("report", str(v1))
+    assert shown.returncode == 0, shown.stderr
+    assert "b1-natural (batch 1, natural lengths 11-19 tokens" in shown.stdout
+    assert "best: `int8_dynamic`" in shown.stdout
+    both = run_cli("diff", str(v1), str(finished_run), "--different-models", "--format", "json")
+    assert both.returncode == 0, both.stderr
+    assert json.loads(both.stdout)["a"]["recipe"] == "minilm-cpu"
 
 
 def test_diff_of_runs_of_different_models_says_so(finished_run: Path, tmp_path: Path) -> None:

@@ -130,3 +130,45 @@ def test_verify_never_reads_outside_and_never_blows_up(manifest: Any, tmp_path: 
     problems = bundle.verify_bundle(root)  # a list of problems, never an exception
     assert isinstance(problems, list) and problems, "a made-up manifest must not verify"
     assert all(p.is_relative_to(root.resolve()) for p in read), read
+
+
+# ---------------------------------------------------------------- any report.json: read, or one line
+REPORT_V1 = json.loads((Path(__file__).parent / "data" / "report_v1_minilm.json").read_text())
+JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=12,
+)
+
+
+def _places(x: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every key path inside a JSON value (the value itself included)."""
+    inner = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else []
+    return [at, *(p for k, v in inner for p in _places(v, (*at, k)))]
+
+
+PLACES = _places(REPORT_V1)
+
+
+@SETTINGS
+@given(place=st.sampled_from(PLACES), value=JSON, version=st.sampled_from([1, 2]))
+def test_any_damage_to_a_report_reads_or_is_one_line(place: tuple[Any, ...], value: Any, version: int) -> None:
+    """One value anywhere in a real report replaced by any JSON: the reader gives a RunReport or one
+    OptimizerError naming the file; never another exception."""
+    from optimizer.core.errors import OptimizerError
+    from optimizer.report.schema import RunReport, parse_report
+
+    data: Any = json.loads(json.dumps({**REPORT_V1, "schema_version": version}))
+    if place:
+        parent = data
+        for key in place[:-1]:
+            parent = parent[key]
+        parent[place[-1]] = value
+    else:
+        data = value
+    try:
+        report = parse_report(data, "damaged/report.json")
+    except OptimizerError as e:
+        assert str(e).startswith("damaged/report.json: ") and "\n" not in str(e)
+        return
+    assert isinstance(report, RunReport)

@@ -13,12 +13,14 @@ from test_recipe import run_cli
 from optimizer.engine.pipeline import Pipeline
 from optimizer.measure.stats import median_ci_halfwidth
 from optimizer.recipe.loading import load_recipe
-from optimizer.report.build import scenario_summary, write_report
+from optimizer.report.build import write_report
+from optimizer.report.schema import RunReport
 from optimizer.report.select import PRESETS, deployability, parse_weights, rank, recommend
+from optimizer.report.tables import scenario_summary
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunReport, Path]:
     tmp = tmp_path_factory.mktemp("sweep")
     data = mlp_recipe(
         passes=[
@@ -43,7 +45,7 @@ def test_weights_presets_and_parsing() -> None:
         parse_weights("speed=1")
 
 
-def test_scores_are_the_weighted_normalized_terms(swept: tuple[dict, Path]) -> None:
+def test_scores_are_the_weighted_normalized_terms(swept: tuple[RunReport, Path]) -> None:
     report, _ = swept
     w = PRESETS["seed-latency"]
     ranking = rank(report, w)
@@ -53,12 +55,13 @@ def test_scores_are_the_weighted_normalized_terms(swept: tuple[dict, Path]) -> N
         assert source["score"] == pytest.approx(1.0)  # every term is 1.0 for stage 0
         for r in rows:
             assert r["score"] == pytest.approx(sum(v * r["terms"][k] for k, v in w.items()))
-    stage = {s["name"]: s for s in report["stages"]}
+    stage = {s.name: s for s in report.stages}
     # Throughput: ratio of mean times in the interleaved sessions, chained to stage 0 like the latency ratio.
     for scen in ("b1", "b8"):
-        export, ort = (stage[n]["metrics"]["scenarios"][scen] for n in ("export", "ort_session"))
-        expected = (export["parent_latency"]["mean_ms"] / export["latency"]["mean_ms"]) * (
-            ort["parent_latency"]["mean_ms"] / ort["latency"]["mean_ms"]
+        export, ort = (stage[n].scenario(scen) for n in ("export", "ort_session"))
+        assert export and ort and export.parent_latency and ort.parent_latency
+        expected = (export.parent_latency.mean_ms / export.latency.mean_ms) * (
+            ort.parent_latency.mean_ms / ort.latency.mean_ms
         )
         row = next(r for r in ranking[scen] if r["stage"] == "ort_session")
         assert row["terms"]["throughput"] == pytest.approx(expected)
@@ -67,13 +70,13 @@ def test_scores_are_the_weighted_normalized_terms(swept: tuple[dict, Path]) -> N
     assert deployability(stage["int8"]) == 0.5
 
 
-def test_recommendation_never_picks_a_rejected_stage(swept: tuple[dict, Path]) -> None:
+def test_recommendation_never_picks_a_rejected_stage(swept: tuple[RunReport, Path]) -> None:
     report, _ = swept
     rejected = copy.deepcopy(report)
     best, _ = recommend(rejected, {"latency": 1.0})
-    for st in rejected["stages"]:
-        if st["name"] == best:
-            st["metrics"]["within_budget"] = False
+    for st in rejected.stages:
+        if st.name == best and st.metrics is not None:
+            st.metrics.within_budget = False
     second, lines = recommend(rejected, {"latency": 1.0})
     assert second is not None and second != best
     assert lines[0].startswith(f"Deploy `{second}`")
@@ -83,7 +86,7 @@ def test_recommendation_never_picks_a_rejected_stage(swept: tuple[dict, Path]) -
     assert len(flagged) == tops.count(best)
 
 
-def test_select_cli(swept: tuple[dict, Path]) -> None:
+def test_select_cli(swept: tuple[RunReport, Path]) -> None:
     _, out = swept
     for weights in ("seed-latency", "seed-deploy"):
         proc = run_cli("select", str(out), "--weights", weights)
@@ -93,31 +96,31 @@ def test_select_cli(swept: tuple[dict, Path]) -> None:
     assert bad.returncode == 2 and "--weights: unknown term 'speed'" in bad.stderr
 
 
-def test_batch_sweep_and_recommendation(swept: tuple[dict, Path]) -> None:
+def test_batch_sweep_and_recommendation(swept: tuple[RunReport, Path]) -> None:
     report, out = swept
-    sweep = report["batch_sweep"]
-    assert sweep["stage"] == "ort_session" and [r["batch"] for r in sweep["rows"]] == [1, 4, 16]
-    for r in sweep["rows"]:
-        assert r["samples_per_s"] > 0 and r["p50_ms"] <= r["p99_ms"]
-    assert sweep["max_batch"] == 16  # a tiny MLP stays far inside a 1 s budget
-    best = max(r["samples_per_s"] for r in sweep["rows"])
-    pref = next(r for r in sweep["rows"] if r["batch"] == sweep["preferred_batch"])
-    assert pref["samples_per_s"] >= 0.9 * best
-    assert all(r["samples_per_s"] < 0.9 * best for r in sweep["rows"] if r["batch"] < pref["batch"])
+    sweep = report.batch_sweep
+    assert sweep is not None and sweep.stage == "ort_session" and [r.batch for r in sweep.rows] == [1, 4, 16]
+    for r in sweep.rows:
+        assert r.samples_per_s > 0 and r.p50_ms <= r.p99_ms
+    assert sweep.max_batch == 16  # a tiny MLP stays far inside a 1 s budget
+    best = max(r.samples_per_s for r in sweep.rows)
+    pref = next(r for r in sweep.rows if r.batch == sweep.preferred_batch)
+    assert pref.samples_per_s >= 0.9 * best
+    assert all(r.samples_per_s < 0.9 * best for r in sweep.rows if r.batch < pref.batch)
     config_dir = out.parent / "triton"
     assert (
         run_cli("export", str(out), "--stage", "ort_session", "--format", "triton", "--out", str(config_dir)).returncode
         == 0
     )
     config = next(config_dir.glob("*/config.pbtxt")).read_text()
-    assert "max_batch_size: 16" in config and f"preferred_batch_size: [ {sweep['preferred_batch']} ]" in config
+    assert "max_batch_size: 16" in config and f"preferred_batch_size: [ {sweep.preferred_batch} ]" in config
 
 
-def test_scenario_summary_has_every_stage_and_scenario(swept: tuple[dict, Path]) -> None:
+def test_scenario_summary_has_every_stage_and_scenario(swept: tuple[RunReport, Path]) -> None:
     report, _ = swept
     head, rows = scenario_summary(report)
     assert head == ["stage", "b1", "b8"]
-    assert len(rows) == len(report["stages"]) and rows[1][1].endswith(" ms)") and "x (" in rows[1][1]
+    assert len(rows) == len(report.stages) and rows[1][1].endswith(" ms)") and "x (" in rows[1][1]
 
 
 def test_median_interval_and_adaptive_rounds(tmp_path: Path) -> None:

@@ -115,6 +115,7 @@ def injected_trt(monkeypatch: pytest.MonkeyPatch) -> Any:
 def _tensorrt_pass(tmp_path: Path, **config: Any) -> tuple[Any, Any, Any]:
     from optimizer.core.artifact import Artifact
     from optimizer.core.pass_base import PassContext
+    from optimizer.measure.services import MeasureServices
     from optimizer.recipe.schema import Recipe
     from passes.tensorrt import TensorRTConfig, TensorRTPass
 
@@ -127,7 +128,7 @@ def _tensorrt_pass(tmp_path: Path, **config: Any) -> tuple[Any, Any, Any]:
     })
     stage_dir = tmp_path / "run" / "01-tensorrt"
     stage_dir.mkdir(parents=True)
-    ctx = PassContext(recipe, "tensorrt", stage_dir, feeds=None)  # type: ignore[arg-type]
+    ctx = PassContext(recipe, "tensorrt", stage_dir, None, MeasureServices())  # type: ignore[arg-type]
     artifact = Artifact("onnx", _matmul_model(tmp_path / "m.onnx"))
     return TensorRTPass(TensorRTConfig(cross_check=False, **config)), artifact, ctx
 
@@ -230,7 +231,7 @@ def test_the_engine_is_cross_checked_on_every_scenarios_feed(tmp_path: Path, inj
     injected_trt("10.13.3.9")
     tensorrt_pass, artifact, ctx = _tensorrt_pass(tmp_path)
     tensorrt_pass.config = tensorrt_pass.config.model_copy(update={"cross_check": True})
-    ctx = type(ctx)(ctx.recipe, ctx.stage_name, ctx.stage_dir, build_feeds(ctx.recipe, 1))
+    ctx = type(ctx)(ctx.recipe, ctx.stage_name, ctx.stage_dir, build_feeds(ctx.recipe, 1), ctx.services)
     monkeypatch.setattr(crosscheck, "tensorrt_runner", lambda path: crosscheck.onnxruntime_runner(artifact.path, "e"))
     tensorrt_pass.run(artifact, ctx)
     check = json.loads((ctx.stage_dir / "engine.json").read_text())["cross_check"]

@@ -12,8 +12,10 @@ import onnx
 import pytest
 from conftest import FAST_BENCH, mlp_recipe, write_recipe
 from onnx import TensorProto, helper, numpy_helper
+from test_report_schema import report_of
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import Latency, Speedup
 from optimizer.core.pass_base import Pass, PassContext, PassResult
 from optimizer.engine.pipeline import Pipeline
 from optimizer.measure.accuracy import AccuracyMeter, budget_verdict
@@ -22,7 +24,9 @@ from optimizer.measure.harness import Timed, measure
 from optimizer.measure.stats import LatencyStats, calls_to_resolve, quantile_ci
 from optimizer.recipe.loading import load_recipe
 from optimizer.recipe.schema import AccuracyBudget, BenchmarkSettings
-from optimizer.report.build import findings, tail_cell, tail_note
+from optimizer.report.build import findings
+from optimizer.report.schema import RunReport
+from optimizer.report.tables import tail_cell, tail_note
 from optimizer.runtime.runners.base import Session
 
 
@@ -150,16 +154,17 @@ def test_calibration_shares_no_sentence_with_the_accuracy_samples() -> None:
 # ---------------------------------------------------------------- tail latency with its confidence
 def test_p99_of_100_calls_is_not_resolved_and_of_400_it_is() -> None:
     rng = np.random.default_rng(0)
-    few = LatencyStats.of(rng.exponential(size=100)).to_json()
-    assert few["p99_ci"] is None and few["p90_ci"] is not None
+    few = Latency.model_validate(LatencyStats.of(rng.exponential(size=100)).to_json())
+    assert few.p99_ci is None and few.p90_ci is not None
     assert tail_cell(few) == "n.r." and tail_cell(few, "p90") != "n.r."
     many = rng.exponential(size=4000)
     lo, hi = quantile_ci(many, 0.99)  # type: ignore[misc]
     assert lo < np.log(100) < hi  # the true P99 of Exp(1)
     assert calls_to_resolve(0.99) == 368 and quantile_ci(np.arange(367.0), 0.99) is None
     assert quantile_ci(np.arange(368.0), 0.99) is not None
-    report = {"stages": [{"metrics": {"scenarios": {"b1": {"latency": few}}}}]}
-    note = tail_note(report)
+    stage = _stage(0, "source", None, None, 1.0, kind="torch", type="source")
+    stage["metrics"]["scenarios"]["b1"]["latency"] = few.to_json()
+    note = tail_note(report_of([stage]))
     assert note is not None and "368" in note and "resolve_tail" in note
 
 
@@ -171,8 +176,12 @@ def test_resolve_tail_takes_enough_calls() -> None:
 
 
 # ---------------------------------------------------------------- one rule for "best"
+def _latency(p50: float) -> dict[str, Any]:
+    return {"n": 12, "p50_ms": p50, "p90_ms": p50, "p99_ms": p50, "mean_ms": p50, "std_ms": 0.0, "min_ms": p50, "cv": 0}
+
+
 def _stage(index: int, name: str, parent: str | None, vs: float | None, p50: float, **kw: Any) -> dict[str, Any]:
-    scen = {"latency": {"p50_ms": p50, "mean_ms": p50}, "throughput": {"samples_per_s": 1000 / p50}}
+    scen: dict[str, Any] = {"latency": _latency(p50), "throughput": {"samples_per_s": 1000 / p50}}
     if vs is not None:
         scen["vs_parent"] = {"ratio": vs, "low": vs * 0.97, "high": vs * 1.03, "verdict": "faster"}
     return {
@@ -186,6 +195,7 @@ def _stage(index: int, name: str, parent: str | None, vs: float | None, p50: flo
         "notes": {},
         "metrics": {
             "within_budget": kw.get("within", True),
+            "budget": "y cosine 0.999",
             "size_bytes": kw.get("size", 100),
             "memory_mb": 10.0,
             "accuracy": {"y": {"cosine": 0.999}},
@@ -194,7 +204,7 @@ def _stage(index: int, name: str, parent: str | None, vs: float | None, p50: flo
     }
 
 
-def disagreeing_report() -> dict[str, Any]:
+def disagreeing_report() -> RunReport:
     """`a` is 2.0x its input by the interleaved ratio, `b` only 1.2x, but b's raw P50 is lower (it was timed
     on a quieter moment); `c` is fastest of all and REJECTED."""
     stages = [
@@ -204,7 +214,7 @@ def disagreeing_report() -> dict[str, Any]:
         _stage(3, "b", "export", 1.2, 8.0),
         _stage(4, "c", "export", 3.0, 6.0, within=False),
     ]
-    return {"scenarios": [{"name": "b1", "batch": 1, "seq": 1}], "stages": stages}
+    return report_of(stages)
 
 
 def test_best_follows_the_chained_ratios_not_raw_p50s_everywhere(tmp_path: Path) -> None:
@@ -214,34 +224,34 @@ def test_best_follows_the_chained_ratios_not_raw_p50s_everywhere(tmp_path: Path)
     from optimizer.report.select import recommend
 
     report = disagreeing_report()
-    best, why = best_stage(report)
-    assert best is not None and best["name"] == "a", why
+    best, why = best_stage(report.stages, report.scenario_names)
+    assert best is not None and best.name == "a", why
     assert "REJECTED" in why and "`c`" in why  # the faster rejected stage is named, never chosen
-    assert pick_stage(report, "best")["name"] == "a"
+    assert pick_stage(report, "best").name == "a"
     records = []
-    for st in report["stages"]:
-        rec = StageRecord(st["index"], st["name"], st["type"], st["parent"], status="ran")
-        rec.artifact = Artifact.from_json(st["artifact"])
-        rec.metrics, rec.measured_against = st["metrics"], st["name"]
+    for st in report.stages:
+        assert st.metrics is not None
+        rec = StageRecord(st.index, st.name, st.type, st.parent, status="ran", artifact=st.artifact)
+        rec.metrics, rec.measured_against = st.metrics.to_json(), st.name
         records.append(rec)
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(scenarios=[{"name": "b1"}], batch_sweep={
         "latency_budget_ms": 100})))
     chosen = sweep_pick(recipe, records)
     assert chosen is not None and chosen.name == "a"
-    for st in report["stages"]:  # select reads the report's chained ratios
-        st["vs_source"] = {"b1": {"source": 1.0, "export": 1.0, "a": 2.0, "b": 1.2, "c": 3.0}[st["name"]]}
-    report["settings"] = {"accuracy": {"metric": "cosine"}}
+    for st in report.stages:  # select reads the report's chained ratios
+        st.vs_source = {"b1": {"source": 1.0, "export": 1.0, "a": 2.0, "b": 1.2, "c": 3.0}[st.name]}
     deploy, lines = recommend(report, {"latency": 1.0})
     assert deploy == "a" and any("`a`" in line and "export --stage best" in line for line in lines)
 
 
 def test_ties_within_noise_go_to_the_smaller_stage() -> None:
     report = disagreeing_report()
-    b = report["stages"][3]
-    b["metrics"]["scenarios"]["b1"]["vs_parent"] = {"ratio": 1.98, "low": 1.9, "high": 2.05, "verdict": "faster"}
-    b["metrics"]["size_bytes"] = 50
-    best, why = best_stage(report)
-    assert best is not None and best["name"] == "b" and "within noise" in why and "smaller" in why
+    b = report.stages[3].metrics
+    assert b is not None
+    b.scenarios["b1"].vs_parent = Speedup(ratio=1.98, low=1.9, high=2.05, verdict="faster")
+    b.size_bytes = 50
+    best, why = best_stage(report.stages, report.scenario_names)
+    assert best is not None and best.name == "b" and "within noise" in why and "smaller" in why
 
 
 # ---------------------------------------------------------------- attribution direction, end to end
@@ -277,7 +287,7 @@ class SlowPass(Pass):
         g.node.append(helper.make_node("Add", ["slow_pre", "slow_z"], [out]))
         path = ctx.stage_dir / "model.onnx"
         onnx.save(model, str(path))
-        return PassResult(Artifact("onnx", path, dict(artifact.runtime), dict(artifact.meta)), modified=True)
+        return PassResult(artifact.derive(path=path), modified=True)
 
 
 def test_a_slower_child_reads_below_one_with_its_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,7 +304,7 @@ def test_a_slower_child_reads_below_one_with_its_finding(tmp_path: Path, monkeyp
     assert vs["ratio"] < 0.5 and vs["verdict"] == "slower", vs  # parent / child: a slower child is below 1x
     report = build_report(recipe, records, tmp_path / "out", 1.0)
     assert any(f.startswith("slow (slow) on b1:") and "slower than its input (export)" in f for f in findings(report))
-    assert report["best"]["stage"] == "export"
+    assert report.best is not None and report.best.stage == "export"
 
 
 def onnx_recipe(
@@ -389,10 +399,13 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
     d = diff_reports(*reports)
     assert not regressions(d, 5), [(r["stage"], r["scenario"], r.get("ratio"), r.get("verdict")) for r in d["rows"]]
     slowed = copy.deepcopy(reports[1])
-    st = next(s for s in slowed["stages"] if s["name"] == "ort_session")
-    for m in st["metrics"]["scenarios"].values():
-        for k in ("ratio", "low", "high"):
-            m["vs_parent"][k] /= 3
+    st = slowed.stage("ort_session")
+    assert st is not None and st.metrics is not None
+    for m in st.metrics.scenarios.values():
+        assert m.vs_parent is not None
+        m.vs_parent = m.vs_parent.model_copy(
+            update={"ratio": m.vs_parent.ratio / 3, "low": m.vs_parent.low / 3, "high": m.vs_parent.high / 3}
+        )
     caught = regressions(diff_reports(reports[0], slowed), 5)
     assert any(line.startswith("ort_session on b1") for line in caught), caught
 
@@ -415,7 +428,7 @@ def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_pa
     recipe = load_recipe(write_recipe(tmp_path, data))
     records = Pipeline(recipe, tmp_path / "run").execute()
     report = write_report(recipe, records, tmp_path / "run", 1.0)
-    assert any("source (source) produces NaN/inf" in f for f in report["findings"]), report["findings"]
+    assert any("source (source) produces NaN/inf" in f for f in report.findings), report.findings
     bundle = export_bundle(report, "ort_session", "onnx", tmp_path / "bundle")
     assert any("contain NaN/inf" in p for p in verify_bundle(bundle))
 

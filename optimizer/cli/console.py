@@ -9,7 +9,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 
 from optimizer.core.stage import StageRecord
-from optimizer.report.build import columns, scenario_summary, scenario_title, stage_rows
+from optimizer.report.schema import RunReport
+from optimizer.report.tables import columns, scenario_summary, scenario_title, stage_rows
 
 STATUS_STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "interrupted": "red"}
 
@@ -54,11 +55,11 @@ class ConsoleEvents:
         self.progress.update(task, what=f"[{style}]{text}[/]", completed=1, total=1)
 
 
-def stage_tables(report: dict[str, Any]) -> list[Table]:
+def stage_tables(report: RunReport) -> list[Table]:
     tables = []
-    for scen in report["scenarios"]:
+    for scen in report.scenarios:
         table = Table(
-            title=f"{report['recipe']['name']} | scenario {scenario_title(report, scen)}",
+            title=f"{report.recipe.name} | scenario {scenario_title(report, scen)}",
             title_justify="left",
             header_style="bold",
         )
@@ -67,7 +68,7 @@ def stage_tables(report: dict[str, Any]) -> list[Table]:
             table.add_column(
                 header, justify="left" if key in ("stage", "parent", "status") else "right", overflow="fold"
             )
-        for row in stage_rows(report, scen["name"]):
+        for row in stage_rows(report, scen.name):
             style = STATUS_STYLE.get(row["status"], "")
             cells = [row[k] for k, _ in cols]
             cells[2] = f"[{style}]{cells[2]}[/]" if style else cells[2]
@@ -76,8 +77,8 @@ def stage_tables(report: dict[str, Any]) -> list[Table]:
     return tables
 
 
-def summary_table(report: dict[str, Any]) -> Table | None:
-    if len(report["scenarios"]) < 2:
+def summary_table(report: RunReport) -> Table | None:
+    if len(report.scenarios) < 2:
         return None
     head, rows = scenario_summary(report)
     table = Table(

@@ -1,4 +1,7 @@
-"""Commands on finished runs: runs, diff, export, verify, bench (registered on the main app in cli.py)."""
+"""Commands on finished runs: runs, diff, export, verify, bench, select (merged into the root app by app.py).
+
+Only typer and rich at import time; each command imports what does its work in its body.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +9,36 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from optimizer.cli.app import STATE, _fail, app, out
+from optimizer.cli.options import fail, options
 from optimizer.core.errors import OptimizerError
+
+app = typer.Typer()
 
 
 @app.command()
 def runs(
+    ctx: typer.Context,
     recipe: str | None = typer.Option(None, "--recipe", help="only runs of this recipe name"),
     limit: int = typer.Option(20, "--limit"),
 ) -> None:
     """List recorded runs (newest first); their ids work with `diff` and `export`."""
+    from rich.table import Table
+
     from optimizer.report.history import default_path, list_runs
 
-    table = Table(header_style="bold", title=str(STATE["history"] or default_path()), title_justify="left")
+    opts = options(ctx)
+    table = Table(header_style="bold", title=str(opts.history or default_path()), title_justify="left")
     for col in ("id", "created", "recipe", "model", "device", "outcome", "run folder"):
         table.add_column(col)
-    for r in list_runs(STATE["history"], recipe, limit):
+    for r in list_runs(opts.history, recipe, limit):
         table.add_row(str(r["id"]), r["created"], r["recipe"], r["model"], r["device"], r["outcome"], r["run_dir"])
-    out.print(table)
+    opts.out.print(table)
 
 
 @app.command()
 def diff(
+    ctx: typer.Context,
     a: str = typer.Argument(..., help="run folder, report.json or run id"),
     b: str = typer.Argument(..., help="run folder, report.json or run id"),
     fmt: str = typer.Option("table", "--format", help="table | md | json"),
@@ -41,18 +50,21 @@ def diff(
     ),
 ) -> None:
     """Compare two runs stage by stage: latency both sides, ratio, noise verdict, accuracy change."""
+    from rich.table import Table
+
     from optimizer.report.diff import diff_reports, different_models, regressions, table_rows, to_markdown
     from optimizer.report.history import load_report
 
+    opts = options(ctx)
     if fmt not in ("table", "md", "json"):
         raise OptimizerError(f"--format: {fmt!r} is not one of table, md, json")
-    ra, rb = load_report(a, STATE["history"]), load_report(b, STATE["history"])
+    ra, rb = load_report(a, opts.history), load_report(b, opts.history)
     mismatch = different_models(ra, rb)
     if mismatch and not allow_different_models:
         raise OptimizerError(f"{mismatch}; their stages are not the same computation (--different-models to compare)")
     d = diff_reports(ra, rb)
     if mismatch and fmt != "json":
-        out.print(f"[yellow]note:[/] {mismatch}: the ratios below compare two models, not passes", highlight=False)
+        opts.out.print(f"[yellow]note:[/] {mismatch}: the ratios below compare two models, not passes", highlight=False)
     if fmt == "json":
         print(json.dumps(d, indent=2))
     elif fmt == "md":
@@ -70,20 +82,21 @@ def diff(
         for row in rows:
             style = "red" if "SLOWER" in row["verdict"] else "green" if "faster" in row["verdict"] else ""
             table.add_row(*row.values(), style=style)
-        out.print(table)
+        opts.out.print(table)
         for r in d["totals"]:
-            out.print(
+            opts.out.print(
                 f"final stage {d['final_stage']} on {r['scenario']}: {r['p50_a']:.2f} -> {r['p50_b']:.2f} ms "
                 f"({r['ratio']:.2f}x, {r['verdict']})"
             )
     if fail_on_regression is not None:
         found = regressions(d, fail_on_regression)
         if found:
-            _fail(f"regression beyond {fail_on_regression}%: " + "; ".join(found), 3)
+            fail(opts, f"regression beyond {fail_on_regression}%: " + "; ".join(found), 3)
 
 
 @app.command("export")
 def export_(
+    ctx: typer.Context,
     run: str = typer.Argument(..., help="run folder, report.json or run id"),
     stage: str = typer.Option("best", "--stage", help="stage name, or best: fastest within the accuracy budget"),
     fmt: str = typer.Option("onnx", "--format", help="onnx | tensorrt | triton"),
@@ -95,27 +108,30 @@ def export_(
 
     if fmt not in ("onnx", "tensorrt", "triton"):
         raise OptimizerError(f"--format: {fmt!r} is not one of onnx, tensorrt, triton")
-    root = export_bundle(load_report(run, STATE["history"]), stage, fmt, out_dir)
-    out.print(f"[green]exported[/] {root} ({fmt})")
+    opts = options(ctx)
+    root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir)
+    opts.out.print(f"[green]exported[/] {root} ({fmt})")
 
 
 @app.command()
-def verify(bundle: Path = typer.Argument(..., help="bundle folder")) -> None:
+def verify(ctx: typer.Context, bundle: Path = typer.Argument(..., help="bundle folder")) -> None:
     """Check a bundle: every checksum, then its outputs on the reference inputs within the recorded tolerance."""
     from optimizer.deploy.bundle import unchecked_reason, verify_bundle
 
+    opts = options(ctx)
     problems = verify_bundle(bundle)
     if problems:
-        _fail(f"{bundle}: " + "; ".join(problems), 1)
+        fail(opts, f"{bundle}: " + "; ".join(problems), 1)
     reason = unchecked_reason(bundle)
     if reason:
-        out.print(f"[green]ok[/] {bundle}: checksums match; outputs not checked here: {reason}")
+        opts.out.print(f"[green]ok[/] {bundle}: checksums match; outputs not checked here: {reason}")
         return
-    out.print(f"[green]ok[/] {bundle}: checksums match, outputs within tolerance")
+    opts.out.print(f"[green]ok[/] {bundle}: checksums match, outputs within tolerance")
 
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     bundle: Path = typer.Argument(..., help="bundle folder"),
     rounds: int = typer.Option(10, "--rounds", min=1),
     iterations: int = typer.Option(10, "--iterations", min=1),
@@ -126,7 +142,7 @@ def bench(
     for scen, m in bench_bundle(bundle, rounds, iterations).items():
         lat, rec = m["latency"], m["recorded_p50_ms"]
         gen = f", TTFT P50 {m['ttft']['p50_ms']:.2f} ms, TPOT P50 {m['tpot']['p50_ms']:.2f} ms" if "ttft" in m else ""
-        out.print(
+        options(ctx).out.print(
             f"{scen}: P50 {lat['p50_ms']:.2f} ms, P99 {lat['p99_ms']:.2f} ms, CV {lat['cv']:.2%}{gen}"
             + (f" (recorded at compile: P50 {rec:.2f} ms)" if rec else "")
         )
@@ -134,6 +150,7 @@ def bench(
 
 @app.command()
 def select(
+    ctx: typer.Context,
     run: str = typer.Argument(..., help="run folder, report.json or run id"),
     weights: str = typer.Option(
         "seed-latency",
@@ -143,6 +160,8 @@ def select(
     ),
 ) -> None:
     """Rank the stages of a run per scenario by a composite score, and say which to deploy and why."""
+    from rich.table import Table
+
     from optimizer.report.history import load_report
     from optimizer.report.select import parse_weights, rank, recommend
 
@@ -150,7 +169,8 @@ def select(
         w = parse_weights(weights)
     except ValueError as e:
         raise OptimizerError(f"--weights: {e}") from None
-    report = load_report(run, STATE["history"])
+    opts = options(ctx)
+    report = load_report(run, opts.history)
     for scen, rows in rank(report, w).items():
         table = Table(
             title=f"{scen}: score = " + " + ".join(f"{v:g} x {k}" for k, v in w.items()),
@@ -166,7 +186,7 @@ def select(
                 *(f"{r['terms'][k]:.3f}" for k in w),
                 "ok" if r["within_budget"] else "REJECTED",
             )
-        out.print(table)
+        opts.out.print(table)
     _, lines = recommend(report, w)
     for line in lines:
-        out.print(line, highlight=False)
+        opts.out.print(line, highlight=False)

@@ -1,11 +1,15 @@
-"""Artifact: what a stage produces and the next one consumes. Passes never edit an artifact in place."""
+"""Artifact: what a stage produces and the next one consumes. Passes never edit an artifact in place: they
+derive a new one (`derive`), which keeps every fact they do not change."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from optimizer.core.errors import OptimizerError
 
 ArtifactKind = Literal["torch", "onnx", "trt_engine"]
 
@@ -19,46 +23,72 @@ class Artifact:
     runtime: options the runner applies when it loads the artifact, e.g. ORT's graph_optimization_level.
       They are part of the artifact because they change what is measured: ORT's own graph optimizations
       are switched on by the `ort_session` stage, so that their effect is attributed to that stage.
-    meta: free-form facts (exporter, opset, output names...).
+    The other fields are facts about the model that later passes, runners and bundles read.
     """
 
     kind: ArtifactKind
     path: Path | None
     runtime: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+    external_data: list[str] = field(default_factory=list)  # weight files beside `path`
+    # Generation: the decode graph (a file beside the prefill graph at `path`), its weights, and the number of
+    # decoder layers (two KV-cache tensors each).
+    decode: str | None = None
+    decode_external_data: list[str] = field(default_factory=list)
+    layers: int | None = None
+    param_bytes: int | None = None  # a torch source's parameters and buffers
+    module: str | None = None  # a torch source's class name
+    exporter: str | None = None
+    opset: int | None = None
+    engine: dict[str, Any] | None = None  # a TensorRT engine's build facts (engine.json)
+
+    def derive(self, **changes: Any) -> Artifact:
+        """A new artifact with these fields changed and every other fact kept."""
+        return dataclasses.replace(self, **changes)
 
     def files(self) -> list[Path]:
         """Every file the artifact consists of (the model and its external data)."""
         if self.path is None:
             return []
-        extra = [self.path.parent / f for f in self.meta.get("external_data", [])]
-        if self.meta.get("decode"):  # generation: the decode graph (and its weights) beside the prefill graph
-            extra += [self.path.parent / f for f in [self.meta["decode"], *self.meta.get("decode_external_data", [])]]
+        extra = [self.path.parent / f for f in self.external_data]
+        if self.decode:  # generation: the decode graph (and its weights) beside the prefill graph
+            extra += [self.path.parent / f for f in [self.decode, *self.decode_external_data]]
         return [self.path, *extra]
 
+    def decoder_layers(self) -> int:
+        """The decoder layer count of a generation artifact (its KV cache has two tensors per layer)."""
+        if self.layers is None:
+            raise OptimizerError(f"{self.path}: a generation artifact without its decoder layer count")
+        return self.layers
+
     def decode_path(self) -> Path | None:
-        return self.path.parent / self.meta["decode"] if self.path is not None and self.meta.get("decode") else None
+        return self.path.parent / self.decode if self.path is not None and self.decode else None
 
     def size_bytes(self) -> int | None:
         files = self.files()
-        return sum(f.stat().st_size for f in files) if files else self.meta.get("param_bytes")
+        return sum(f.stat().st_size for f in files) if files else self.param_bytes
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = dataclasses.asdict(self)
         d["path"] = str(self.path) if self.path else None
         return d
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Artifact:
+        """Also reads the form before these fields existed (stage.json and reports of version 1): the facts
+        under `meta`; keys no field holds are dropped."""
+        facts = {**dict(d.get("meta") or {}), **{k: v for k, v in d.items() if k != "meta"}}
+        known = {f.name for f in dataclasses.fields(Artifact)} - {"kind", "path", "runtime"}
         return Artifact(
             kind=d["kind"],
             path=Path(d["path"]) if d.get("path") else None,
-            runtime=dict(d.get("runtime", {})),
-            meta=dict(d.get("meta", {})),
+            runtime=dict(d.get("runtime") or {}),
+            **{k: v for k, v in facts.items() if k in known and v is not None},
         )
 
     def with_runtime(self, **options: Any) -> Artifact:
-        return Artifact(self.kind, self.path, {**self.runtime, **options}, dict(self.meta))
+        return self.derive(runtime={**self.runtime, **options})
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:

@@ -17,12 +17,24 @@ class RecipeError(OptimizerError):
 
 
 class PassError(OptimizerError):
-    """A pass failed for real (as opposed to declining with a skip reason)."""
+    """A pass failed for real (as opposed to declining with a skip reason). The pass gives the message; the
+    pipeline, which knows them, adds the stage and the stages that ran before it (`in_stage`)."""
 
-    def __init__(self, stage: str, message: str, done: tuple[str, ...] = ()) -> None:
-        self.stage, self.message, self.done = stage, message, done
-        after = f" (after {', '.join(done)})" if done else ""
-        super().__init__(f"stage {stage!r} failed{after}: {message}")
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.stage: str | None = None
+        self.done: tuple[str, ...] = ()
+        super().__init__(message)
+
+    def in_stage(self, stage: str, done: tuple[str, ...]) -> PassError:
+        self.stage, self.done = stage, done
+        return self
+
+    def __str__(self) -> str:
+        if self.stage is None:
+            return self.message
+        after = f" (after {', '.join(self.done)})" if self.done else ""
+        return f"stage {self.stage!r} failed{after}: {self.message}"
 
 
 class InputError(OptimizerError):

@@ -1,24 +1,69 @@
 """Pass base class. A pass is a small class with one job: artifact in, new artifact (in its own folder) out.
 
 "Cannot run here" is a reason (skip_reason returns it), not an exception: it becomes a `skipped` stage.
-A real failure raises PassError; the pipeline records the stage as failed and keeps everything measured so far.
+A real failure raises PassError with its message; the pipeline adds the stage name and what ran before it,
+records the stage as failed and keeps everything measured so far.
+
+What a pass needs from the rest of the tool comes through its PassContext, not through imports: `ctx.check`
+(the one accuracy implementation), `ctx.time` (the harness's interleaved timing) and `ctx.session` (the one
+session factory). The engine hands the context its services, so passes depend on core, recipe and runtime only.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from optimizer.core.artifact import Artifact
 
 if TYPE_CHECKING:
     from optimizer.recipe.schema import Recipe
+    from optimizer.runtime.generation import Generation
     from optimizer.runtime.inputs import FeedSet
+    from optimizer.runtime.runners.base import Session
+
+Feed = dict[str, np.ndarray]
+# What ctx.check compares: an artifact (run on the CPU), a function of a feed, or outputs computed before (one
+# list of arrays per feed, in the order of `feeds`). Generation loops are compared as whole generations.
+Outputs = Callable[[Feed], list[np.ndarray]] | Sequence[list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """Per output: cosine, max_abs, max_rel, pooled_cosine... as measure.accuracy computes them (on kept
+    positions when an attention mask applies)."""
+
+    per_output: dict[str, dict[str, Any]]
+
+    def worst(self, metric: str = "cosine", output: str | None = None, nonfinite_fails: bool = True) -> float:
+        """The lowest value of `metric` (over every output, or `output`); a metric an output does not have falls
+        back to its cosine. nonfinite_fails: an output with NaN/inf anywhere the reference is finite (padded
+        positions too) scores 0; without it only the compared positions count (there a NaN already scores 0)."""
+        def value(a: dict[str, Any]) -> float:
+            if nonfinite_fails and a.get("nonfinite"):
+                return 0.0
+            return float(a[metric] if a.get(metric) is not None else a["cosine"])
+
+        return min((value(a) for name, a in self.per_output.items() if output is None or name == output), default=1.0)
+
+
+class PassServices(Protocol):
+    """Implemented by the measure layer (optimizer.measure.services) and handed over by the engine."""
+
+    def check(self, reference: Any, candidate: Any, ctx: PassContext, feeds: Sequence[Feed] | None) -> Any: ...
+
+    def time(
+        self, candidate: Any, reference: Any, ctx: PassContext, feeds: Sequence[Feed] | None
+    ) -> dict[str, Any]: ...
+
+    def session(self, artifact: Artifact, ctx: PassContext, device: str) -> AbstractContextManager[Session]: ...
 
 
 class PassConfig(BaseModel):
@@ -29,15 +74,47 @@ class PassConfig(BaseModel):
 
 @dataclass
 class PassContext:
-    """What a pass may use: its own output folder, the recipe, and sample inputs for numeric checks."""
+    """What a pass may use: its own output folder, the recipe, sample inputs, and the services below."""
 
     recipe: Recipe
     stage_name: str
     stage_dir: Path
     feeds: FeedSet
+    services: PassServices
     done: tuple[str, ...] = ()
     # progress(what, done, total): long passes (calibration, searches) report through it.
     progress: Callable[[str, int, int], None] = field(default=lambda what, done, total: None)
+
+    @overload
+    def check(self, reference: Generation, candidate: Generation, feeds: None = None) -> dict[str, Any]: ...
+
+    @overload
+    def check(
+        self, reference: Artifact | Outputs, candidate: Artifact | Outputs, feeds: Sequence[Feed] | None = None
+    ) -> Check: ...
+
+    def check(self, reference: Any, candidate: Any, feeds: Sequence[Feed] | None = None) -> Check | dict[str, Any]:
+        """Candidate against reference through the one accuracy implementation. Artifacts, functions of a feed
+        or precomputed outputs (see Outputs) give a Check over `feeds` (default: every sample of every
+        scenario); two generations (runtime.generation.Generation) give their token agreement and logits
+        cosine as a dict."""
+        return self.services.check(reference, candidate, self, feeds)
+
+    def time(self, candidate: Any, reference: Any, feeds: Sequence[Feed] | None = None) -> dict[str, Any]:
+        """Candidate timed interleaved with reference by the harness (the recipe's benchmark settings): speedup
+        with its interval and verdict, both P50s. Artifacts, or open sessions."""
+        return self.services.time(candidate, reference, self, feeds)
+
+    def session(self, artifact: Artifact, device: str = "cpu") -> AbstractContextManager[Session]:
+        """The artifact loaded by its runtime with its runtime options (CPU unless asked: checks run anywhere)."""
+        return self.services.session(artifact, self, device)
+
+    def fork(self, stage_dir: Path) -> PassContext:
+        """The same context writing into another folder (a pass that runs itself on a part of the artifact)."""
+        return PassContext(self.recipe, self.stage_name, stage_dir, self.feeds, self.services, self.done, self.progress)
+
+    def all_samples(self) -> list[Feed]:
+        return [feed for sf in self.feeds for feed in sf.samples]
 
 
 @dataclass(frozen=True)
@@ -76,7 +153,7 @@ class Pass(ABC):
         """Why this pass cannot run on this artifact here, or None."""
         if artifact.kind not in self.consumes:
             return f"takes {'/'.join(sorted(self.consumes))} artifacts, got {artifact.kind}"
-        if artifact.meta.get("decode") and not self.handles_generation:
+        if artifact.decode and not self.handles_generation:
             return f"{self.name} does not handle generation graphs (prefill + decode with a KV cache) yet"
         return self.environment_reason()
 

@@ -1,11 +1,26 @@
-"""StageRecord: everything known about one stage, as it goes into report.json."""
+"""One stage: StageRecord while the pipeline runs it, StageReport as report.json holds it.
+
+StageReport lives in core (not beside the run report) because measure.best, which sits below the report, chooses
+among stages by the same fields the report shows.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PlainSerializer,
+    PlainValidator,
+    TypeAdapter,
+    WithJsonSchema,
+    field_validator,
+)
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import ScenarioMetrics, StageMetrics
 
 # "pending": not reached yet, in a report written while the run is going (one that was killed stays so).
 Status = Literal["ran", "cached", "skipped", "failed", "interrupted", "not run", "pending"]
@@ -26,7 +41,8 @@ class StageRecord:
     # stages pass their input through). Attribution of a child is always against this stage's numbers.
     measured_against: str | None = None
     notes: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)  # per scenario, plus accuracy/memory/graph
+    # As measure returns them and metrics.json caches them: StageMetrics.to_json() ({} until measured).
+    metrics: dict[str, Any] = field(default_factory=dict)
     pass_seconds: float | None = None
     bench_seconds: float | None = None
 
@@ -51,3 +67,65 @@ class StageRecord:
             "pass_seconds": self.pass_seconds,
             "bench_seconds": self.bench_seconds,
         }
+
+    def to_report(self) -> StageReport:
+        """The stage as the report holds it (its metrics validated); chained speedups are the report's to add."""
+        return StageReport.model_validate({**self.to_json(), "artifact": self.artifact})
+
+
+def _artifact(value: Any) -> Artifact:
+    if isinstance(value, Artifact):
+        return value
+    try:
+        return Artifact.from_json(value)
+    except (KeyError, TypeError, AttributeError) as e:  # pydantic reports ValueErrors with the field's path
+        raise ValueError(f"not an artifact ({type(e).__name__}: {e})") from None
+
+
+# The artifact as core.artifact writes it (Artifact.to_json / from_json own its layout).
+ArtifactJson = Annotated[
+    Artifact,
+    PlainValidator(_artifact),
+    PlainSerializer(lambda a: a.to_json()),
+    # Its fields, from the dataclass; in version 1 reports the facts were free-form under `meta` (still read).
+    WithJsonSchema(TypeAdapter(Artifact).json_schema()),
+]
+
+
+class StageReport(BaseModel):
+    """A stage in report.json. Extra fields are refused: every key a stage has ever had is modelled here, and a
+    new one comes with a new schema_version (the metrics inside allow extras: see core.metrics)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    index: int
+    name: str
+    type: str  # the pass type ("source" for stage 0)
+    parent: str | None = None
+    status: Status
+    reason: str | None = None
+    key: str | None = None  # cache key (content hash)
+    folder: str | None = None  # NN-name, inside the run folder
+    artifact: ArtifactJson | None = None
+    measured_against: str | None = None  # the stage whose artifact is in effect here (see StageRecord)
+    notes: dict[str, Any] = {}  # the pass's own account (what it fused, quantized, declined...)
+    metrics: StageMetrics | None = None  # None: not measured
+    pass_seconds: float | None = None
+    bench_seconds: float | None = None
+    vs_source: dict[str, float] = {}  # scenario -> speedup against stage 0 (chained interleaved ratios)
+    throughput_vs_source: dict[str, float] = {}  # scenario -> the same for mean times (throughput)
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _empty_is_unmeasured(cls, value: Any) -> Any:
+        return None if isinstance(value, dict) and not value else value  # v1 and StageRecord write {}
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("ran", "cached")
+
+    def scenario(self, name: str) -> ScenarioMetrics | None:
+        return self.metrics.scenarios.get(name) if self.metrics is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)

@@ -18,9 +18,12 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from optimizer.core.artifact import Artifact, file_sha256
 from optimizer.core.errors import OptimizerError
+from optimizer.core.stage import StageReport
+from optimizer.deploy.generation import bench_generation, export_generation_bundle, verify_generation
+from optimizer.deploy.shared import MANIFEST, REFERENCE, bundle_session, graph_io, run_recipe
+from optimizer.measure.best import choose_stage
+from optimizer.report.schema import RunReport
 
-MANIFEST = "manifest.json"
-REFERENCE = "reference.npz"
 # Triton's data types by ONNX TensorProto type name (Triton's model_config.proto DataType); FLOAT8 and other
 # types Triton has no name for are refused with the tensor named, never mapped to FP32.
 TRITON_TYPES = {
@@ -44,56 +47,15 @@ TRITON_TYPES = {
 TRITON_GRAPH_LEVEL = {"disable_all": 2, "basic": -1, "extended": 1, "all": None}
 
 
-def onnx_dtype(elem_type: int) -> tuple[str, str]:
-    """(numpy dtype name or the ONNX name when numpy has none, ONNX TensorProto type name), from onnx's tables."""
-    from onnx import TensorProto, helper
-
-    onnx_name = TensorProto.DataType.Name(elem_type)
-    try:
-        return str(helper.tensor_dtype_to_np_dtype(elem_type)), onnx_name
-    except (KeyError, ValueError, TypeError):
-        return onnx_name.lower(), onnx_name
+def pick_stage(report: RunReport, name: str) -> StageReport:
+    """The named stage, or "best" by the one rule (optimizer/measure/best.py): fastest within the budget by the
+    chained interleaved ratios, ties within noise broken by size."""
+    return choose_stage(report.stages, report.scenario_names, name)
 
 
-def pick_stage(report: dict[str, Any], name: str) -> dict[str, Any]:
-    """The named stage, or "best" by the one rule (optimizer/best.py): fastest within the budget by the chained
-    interleaved ratios, ties within noise broken by size."""
-    stages = [s for s in report["stages"] if s["status"] in ("ran", "cached") and s.get("artifact")]
-    if name != "best":
-        stage = next((s for s in report["stages"] if s["name"] == name), None)
-        if stage is None:
-            raise OptimizerError(
-                f"--stage: no stage {name!r} (stages: {', '.join(s['name'] for s in report['stages'])})"
-            )
-        if stage not in stages:
-            raise OptimizerError(f"--stage: stage {name!r} has no artifact to export ({stage['status']})")
-        return stage
-    from optimizer.measure.best import best_stage
-
-    chosen, why = best_stage(report)
-    if chosen is None:
-        raise OptimizerError(f"--stage best: {why}")
-    return chosen
-
-
-def _io(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from optimizer.runtime import onnx_io
-
-    model = onnx_io.load(model_path, with_weights=False)
-    inits = {t.name for t in model.graph.initializer}
-
-    def describe(v: Any) -> dict[str, Any]:
-        t = v.type.tensor_type
-        dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in t.shape.dim]
-        dtype, onnx_type = onnx_dtype(t.elem_type)
-        return {"name": v.name, "dtype": dtype, "onnx_type": onnx_type, "shape": dims}
-
-    return [describe(v) for v in model.graph.input if v.name not in inits], [describe(v) for v in model.graph.output]
-
-
-def _precision(stage: dict[str, Any]) -> dict[str, Any]:
-    notes = stage.get("notes") or {}
-    if stage["type"] == "quantize":
+def _precision(stage: StageReport) -> dict[str, Any]:
+    notes = stage.notes
+    if stage.type == "quantize":
         return {
             "mode": notes.get("mode"),
             "int8_nodes": notes.get("int8_nodes"),
@@ -102,23 +64,21 @@ def _precision(stage: dict[str, Any]) -> dict[str, Any]:
     return {"mode": "fp32"}
 
 
-def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) -> Path:
+def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path) -> Path:
     """Write the bundle into a staging folder beside `out` and move it into place only when it is complete, so a
     failed export leaves nothing half-written behind."""
     stage = pick_stage(report, stage_name)
-    artifact = Artifact.from_json(stage["artifact"])
-    run_dir = Path(report["run_dir"])
+    artifact = stage.artifact
+    assert artifact is not None  # pick_stage takes only stages with an artifact
     if artifact.path is not None and not artifact.path.is_file():  # the run folder moved, or a relative path
-        artifact = Artifact(
-            artifact.kind, run_dir / stage["folder"] / artifact.path.name, artifact.runtime, artifact.meta
-        )
+        artifact = artifact.derive(path=Path(report.run_dir) / (stage.folder or "") / artifact.path.name)
     if fmt == "tensorrt" and artifact.kind != "trt_engine":
         raise OptimizerError(
-            f"--format tensorrt: stage {stage['name']!r} is {artifact.kind}, not a TensorRT engine "
+            f"--format tensorrt: stage {stage.name!r} is {artifact.kind}, not a TensorRT engine "
             "(this run has no tensorrt stage)"
         )
     if fmt != "tensorrt" and (artifact.kind != "onnx" or artifact.path is None):
-        raise OptimizerError(f"--stage: {stage['name']!r} is a {artifact.kind} artifact; export takes ONNX stages")
+        raise OptimizerError(f"--stage: {stage.name!r} is a {artifact.kind} artifact; export takes ONNX stages")
     if out.exists() and not out.is_dir():
         raise OptimizerError(f"--out: {out} exists and is a file; give a new or empty folder")
     if out.exists() and any(out.iterdir()):
@@ -127,14 +87,12 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        model_name = report["recipe"]["name"].replace("-", "_")
+        model_name = report.recipe.name.replace("-", "_")
         root = staging / model_name if fmt == "triton" else staging
         root.mkdir(parents=True, exist_ok=True)
         if fmt == "tensorrt":
             specific = _engine_bundle(report, stage, artifact, root)
-        elif artifact.meta.get("decode"):
-            from optimizer.deploy.generation import export_generation_bundle
-
+        elif artifact.decode:
             specific = export_generation_bundle(report, stage, artifact, fmt, root)
         else:
             specific = _forward_bundle(report, artifact, fmt, root, model_name)
@@ -148,11 +106,8 @@ def export_bundle(report: dict[str, Any], stage_name: str, fmt: str, out: Path) 
     return out / model_name if fmt == "triton" else out
 
 
-def _forward_bundle(
-    report: dict[str, Any], artifact: Artifact, fmt: str, root: Path, model_name: str
-) -> dict[str, Any]:
+def _forward_bundle(report: RunReport, artifact: Artifact, fmt: str, root: Path, model_name: str) -> dict[str, Any]:
     """One graph: the model, and its outputs on one input per scenario."""
-    from optimizer.recipe.loading import parse_recipe
     from optimizer.runtime.inputs import build_feeds
     from optimizer.runtime.runners.ort_runner import OrtRunner
 
@@ -161,10 +116,10 @@ def _forward_bundle(
     model_dir.mkdir(parents=True, exist_ok=True)
     for f in artifact.files():
         shutil.copyfile(f, model_dir / ("model.onnx" if f == artifact.path else f.name))
-    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
+    recipe = run_recipe(report)
     arrays: dict[str, np.ndarray] = {}
     feeds, results = [], []
-    bundled = Artifact("onnx", model_dir / "model.onnx", artifact.runtime, artifact.meta)
+    bundled = artifact.derive(path=model_dir / "model.onnx")  # its external data was copied beside it
     with OrtRunner(bundled, recipe).load() as session:
         for sf in build_feeds(recipe, 1, per_scenario=False):
             outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
@@ -176,7 +131,7 @@ def _forward_bundle(
             results.append(dict(zip(session.output_names, outputs, strict=True)))
     np.savez(root / REFERENCE, **arrays)
     _polygraphy_reference(root, feeds, results)
-    inputs, outputs = _io(model_dir / "model.onnx")
+    inputs, outputs = graph_io(model_dir / "model.onnx")
     if fmt == "triton":
         (root / "config.pbtxt").write_text(triton_config(model_name, inputs, outputs, report, artifact.runtime))
     return {
@@ -203,11 +158,10 @@ def _polygraphy_reference(root: Path, feeds: list[dict[str, np.ndarray]], output
     results.save(str(root / POLYGRAPHY_OUTPUTS))
 
 
-def _engine_bundle(report: dict[str, Any], stage: dict[str, Any], artifact: Artifact, root: Path) -> dict[str, Any]:
+def _engine_bundle(report: RunReport, stage: StageReport, artifact: Artifact, root: Path) -> dict[str, Any]:
     """A TensorRT engine (model.plan, tied to its GPU and TensorRT version), its engine.json, and as reference
     the first input of each scenario with stage 0's outputs on it: an engine cannot be run without its GPU, so
     the expected outputs are the reference the stage was judged against, and the tolerance is what it scored."""
-    from optimizer.recipe.loading import parse_recipe
     from optimizer.runtime.inputs import build_feeds
 
     assert artifact.path is not None
@@ -215,9 +169,10 @@ def _engine_bundle(report: dict[str, Any], stage: dict[str, Any], artifact: Arti
     meta_file = artifact.path.parent / "engine.json"
     if meta_file.is_file():
         shutil.copyfile(meta_file, root / "engine.json")
-    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
-    names = report["stages"][0]["artifact"]["meta"].get("output_names") or []
-    ref_path = Path(report["run_dir"]) / report["stages"][0]["folder"] / "reference.npz"
+    recipe = run_recipe(report)
+    source = report.stages[0]
+    names = (source.artifact.output_names if source.artifact is not None else None) or []
+    ref_path = Path(report.run_dir) / (source.folder or "") / "reference.npz"
     if not ref_path.is_file():
         raise OptimizerError(f"--format tensorrt: {ref_path} (stage 0's outputs, the reference) is missing")
     arrays: dict[str, np.ndarray] = {}
@@ -232,53 +187,53 @@ def _engine_bundle(report: dict[str, Any], stage: dict[str, Any], artifact: Arti
             results.append({name: ref[f"{scen}|0|{j}"] for j, name in enumerate(names)})
     np.savez(root / REFERENCE, **arrays)
     _polygraphy_reference(root, feeds, results)
-    accuracy = (stage.get("metrics") or {}).get("accuracy") or {}
-    worst = min((a.get("cosine", 1.0) for a in accuracy.values()), default=1.0)
+    accuracy = stage.metrics.accuracy if stage.metrics is not None else {}
+    worst = min((a.cosine for a in accuracy.values()), default=1.0)
     feed = build_feeds(recipe, 1, per_scenario=False)
     first = next(iter(feed)).timing
     return {
         "model": "model.plan",
         "inputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in first.items()],
         "outputs": [{"name": n} for n in names],
-        "engine": artifact.meta.get("engine") or {},
+        "engine": artifact.engine or {},
         # Outputs are stage 0's: the engine must come as close as it did when it was measured.
         "tolerance": {"min_cosine": round(max(worst - 1e-3, 0.0), 6), "against": "stage 0", "max_abs_relative": None},
     }
 
 
 def _write_manifest(
-    report: dict[str, Any],
-    stage: dict[str, Any],
+    report: RunReport,
+    stage: StageReport,
     artifact: Artifact,
     fmt: str,
     model_name: str,
     root: Path,
     specific: dict[str, Any],
 ) -> None:
-    metrics = stage.get("metrics") or {}
+    metrics = stage.metrics
     manifest = {
         "format": fmt,
         "model_name": model_name,
-        "stage": stage["name"],
-        "stage_type": stage["type"],
+        "stage": stage.name,
+        "stage_type": stage.type,
         "precision": _precision(stage),
         **specific,
         "runtime": {
             "onnxruntime_session": artifact.runtime,
             "providers": ["CPUExecutionProvider"],
-            "threads": report["settings"]["threads"],
+            "threads": report.settings.threads,
         },
-        "library_versions": report["environment"]["packages"],
+        "library_versions": report.environment.packages,
         "tuned_on": {
-            "cpu": report["environment"]["cpu"],
-            "device": report["settings"]["device"],
-            "platform": report["environment"]["platform"],
+            "cpu": report.environment.cpu,
+            "device": report.settings.device,
+            "platform": report.environment.platform,
         },
         "benchmark": {
-            s: {k: v for k, v in m.items() if k != "samples_ms"} for s, m in (metrics.get("scenarios") or {}).items()
+            s: m.to_json(exclude={"samples_ms"}) for s, m in (metrics.scenarios if metrics is not None else {}).items()
         },
-        "accuracy_vs_stage_0": metrics.get("accuracy"),
-        "recipe": report["recipe"],
+        "accuracy_vs_stage_0": ({n: a.to_json() for n, a in metrics.accuracy.items()} if metrics is not None else None),
+        "recipe": report.recipe.to_json(),
     }
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
     manifest["files"] = {str(p.relative_to(root)): file_sha256(p) for p in files}
@@ -289,14 +244,15 @@ def triton_config(
     name: str,
     inputs: list[dict[str, Any]],
     outputs: list[dict[str, Any]],
-    report: dict[str, Any],
+    report: RunReport,
     runtime: dict[str, Any],
 ) -> str:
     """config.pbtxt for Triton's ONNX Runtime backend; batch dim first when every input and output has one."""
     batched = all(t["shape"] and t["shape"][0] == "batch" for t in inputs + outputs)
-    sweep = report.get("batch_sweep") or {}
-    max_batch = (sweep.get("max_batch") or max(s["batch"] for s in report["scenarios"])) if batched else 0
-    preferred = sweep.get("preferred_batch") or max_batch
+    sweep = report.batch_sweep
+    swept_max = sweep.max_batch if sweep is not None else None
+    max_batch = (swept_max or max(s.batch for s in report.scenarios)) if batched else 0
+    preferred = (sweep.preferred_batch if sweep is not None else None) or max_batch
 
     def tensor(t: dict[str, Any]) -> str:
         dims = t["shape"][1:] if batched else t["shape"]
@@ -307,7 +263,7 @@ def triton_config(
         return f'  {{\n    name: "{t["name"]}"\n    data_type: {TRITON_TYPES[kind]}\n    dims: [ {dims_txt} ]\n  }}'
 
     level = TRITON_GRAPH_LEVEL[runtime.get("graph_optimization_level", "disable_all")]
-    gpu = report["settings"].get("device") == "cuda"
+    gpu = report.settings.device == "cuda"
 
     def param(key: str, value: object) -> str:
         return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
@@ -320,7 +276,7 @@ def triton_config(
         "output [\n" + ",\n".join(tensor(t) for t in outputs) + "\n]",
         f"instance_group [ {{ count: 1, kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]",
         # Served as it was measured: the benchmarked threads and execution mode, not the backend's defaults.
-        param("intra_op_thread_count", report["settings"]["threads"]),
+        param("intra_op_thread_count", report.settings.threads),
         param("inter_op_thread_count", int(runtime.get("inter_op_threads", 1))),
         param("execution_mode", 1 if runtime.get("execution_mode") == "parallel" else 0),
     ]
@@ -396,12 +352,10 @@ def verify_bundle(root: Path) -> list[str]:
     if problems:
         return problems
     if manifest.get("workload") == "generation":
-        from optimizer.deploy.generation import verify_generation
-
         return verify_generation(root, manifest)
     if manifest["format"] == "tensorrt":
         return _verify_engine(root, manifest)
-    session = _session(root, manifest)
+    session = bundle_session(root, manifest)
     names = [o.name for o in session.get_outputs()]
     tol = manifest["tolerance"]
     with np.load(root / REFERENCE) as ref:
@@ -446,7 +400,7 @@ def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
 
     names = [o["name"] for o in manifest["outputs"]]
     problems = []
-    artifact = Artifact("trt_engine", root / manifest["model"], {"cuda_graph": False}, {})
+    artifact = Artifact("trt_engine", root / manifest["model"], {"cuda_graph": False})
     with TrtRunner(artifact, None).load() as session, np.load(root / REFERENCE) as ref:
         for scen in sorted({k.split("/")[0] for k in ref.files}):
             feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
@@ -459,20 +413,6 @@ def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _session(root: Path, manifest: dict[str, Any], model: str | None = None) -> Any:
-    """A CPU session on one of the bundle's graphs (default: its model) with the runtime options it records."""
-    import onnxruntime as ort
-
-    from optimizer.runtime.runners.ort_runner import session_options
-
-    path = root / (model or manifest["model"])
-    so = session_options(manifest["runtime"]["onnxruntime_session"], int(manifest["runtime"]["threads"]))
-    try:
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise OptimizerError(f"{path}: onnxruntime cannot load it: {e}") from e
-
-
 def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
     """The bundle timed by the same harness as compile (alone: there is no parent), per reference scenario."""
     from optimizer.measure.harness import time_calls, warm_up
@@ -480,10 +420,8 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
 
     manifest = json.loads((root / MANIFEST).read_text())
     if manifest.get("workload") == "generation":
-        from optimizer.deploy.generation import bench_generation
-
         return bench_generation(root, manifest, rounds, iterations)
-    session = _session(root, manifest)
+    session = bundle_session(root, manifest)
 
     class Bare:
         def run(self, prepared: Any) -> Any:

@@ -17,40 +17,39 @@ import numpy as np
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
+from optimizer.core.stage import StageReport
+from optimizer.deploy.shared import REFERENCE, bundle_session, graph_io, run_recipe
+from optimizer.report.schema import RunReport
 
-REFERENCE = "reference.npz"
 # The reference comes from this very bundle on the same runtime, so a rerun elsewhere differs in rounding only
 # (cosine ~1 - 1e-12); an INT8 variant of the same model is ~1 - 1e-4 and must not pass for this bundle.
 TOLERANCE = {"min_token_agreement": 1.0, "min_logits_cosine": 0.999999}
 
 
 def _generator(root: Path, manifest: dict[str, Any]) -> Any:
-    from optimizer.deploy.bundle import _session
     from optimizer.runtime.generation import OrtGenerator
 
-    prefill, decode = (_session(root, manifest, manifest["graphs"][part]) for part in ("prefill", "decode"))
+    prefill, decode = (bundle_session(root, manifest, manifest["graphs"][part]) for part in ("prefill", "decode"))
     return OrtGenerator(prefill, decode, int(manifest["cache"]["layers"]))
 
 
 def export_generation_bundle(
-    report: dict[str, Any], stage: dict[str, Any], artifact: Artifact, fmt: str, root: Path
+    report: RunReport, stage: StageReport, artifact: Artifact, fmt: str, root: Path
 ) -> dict[str, Any]:
     """Fill `root` (new, empty) with the graphs and the reference; returns the manifest (files not yet hashed)."""
-    from optimizer.deploy.bundle import _io
-    from optimizer.recipe.loading import parse_recipe
     from optimizer.runtime.generation import cache_names
     from optimizer.runtime.inputs import build_feeds
 
     if fmt != "onnx":
         raise OptimizerError(
-            f"--format {fmt}: stage {stage['name']!r} is a generation stage (a loop over a prefill and a decode "
+            f"--format {fmt}: stage {stage.name!r} is a generation stage (a loop over a prefill and a decode "
             "graph); Triton's ONNX Runtime backend and a TensorRT engine run one graph per call. Use --format onnx"
         )
     for f in artifact.files():
         shutil.copyfile(f, root / f.name)
     decode = artifact.decode_path()
     assert artifact.path is not None and decode is not None
-    layers = int(artifact.meta["layers"])
+    layers = artifact.decoder_layers()
     manifest: dict[str, Any] = {
         "workload": "generation",
         "graphs": {"prefill": artifact.path.name, "decode": decode.name},
@@ -61,13 +60,13 @@ def export_generation_bundle(
         },
         "loop": "greedy: prefill(prompt) -> logits, cache; then decode(token, mask, cache) per new token",
         "io": {
-            part: dict(zip(("inputs", "outputs"), _io(root / name), strict=True))
+            part: dict(zip(("inputs", "outputs"), graph_io(root / name), strict=True))
             for part, name in (("prefill", artifact.path.name), ("decode", decode.name))
         },  # fmt: skip
         "tolerance": dict(TOLERANCE),
     }
-    recipe = parse_recipe(report["recipe"], "report.json", Path(report.get("recipe_dir") or report["run_dir"]))
-    runtime = {"onnxruntime_session": artifact.runtime, "threads": report["settings"]["threads"]}
+    recipe = run_recipe(report)
+    runtime = {"onnxruntime_session": artifact.runtime, "threads": report.settings.threads}
     gen = _generator(root, {**manifest, "runtime": runtime})
     arrays: dict[str, np.ndarray] = {}
     for sf in build_feeds(recipe, 1, per_scenario=False):
@@ -82,7 +81,8 @@ def export_generation_bundle(
 
 def verify_generation(root: Path, manifest: dict[str, Any]) -> list[str]:
     """Rerun the loop on every reference prompt: same tokens, logits within the tolerance, or say where not."""
-    from optimizer.runtime.generation import Generation, agreement
+    from optimizer.measure.accuracy import generation_agreement as agreement
+    from optimizer.runtime.generation import Generation
 
     tol = manifest["tolerance"]
     gen = _generator(root, manifest)

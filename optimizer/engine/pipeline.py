@@ -8,6 +8,7 @@ recipe re-runs and re-measures only that pass.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import traceback
@@ -16,14 +17,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from pydantic import ValidationError
 
 from optimizer.core.artifact import Artifact, file_sha256
 from optimizer.core.errors import InputError, OptimizerError, PassError
+from optimizer.core.metrics import StageMetrics
 from optimizer.core.pass_base import PassContext
 from optimizer.core.registry import pass_class
 from optimizer.core.stage import StageRecord
 from optimizer.engine import rundir as rd
 from optimizer.measure.forward import MEASURE_VERSION, Reference, measure_stage
+from optimizer.measure.services import MeasureServices
 from optimizer.recipe.schema import SOURCE_STAGE, Recipe, recipe_dict
 from optimizer.runtime.inputs import FeedSet, build_feeds
 from optimizer.runtime.runners import runner_reason
@@ -56,6 +60,14 @@ def _metrics_digest(key: str, saved: dict[str, Any]) -> str:
     return rd.content_hash(key, saved.get("metrics"), saved.get("bench_seconds"))
 
 
+def _valid_metrics(metrics: Any) -> bool:
+    try:
+        StageMetrics.model_validate(metrics)
+    except ValidationError:
+        return False
+    return True
+
+
 def _save_reference(path: Path, ref: Reference) -> None:
     arrays = {
         f"{s}|{i}|{j}": o for s, samples in ref.items() for i, outs in enumerate(samples) for j, o in enumerate(outs)
@@ -85,11 +97,64 @@ def _load_reference(path: Path) -> Reference | None:
     return ref or None
 
 
+_ROOT = Path(__file__).resolve().parents[2]
+_OUR_PACKAGES = (str(_ROOT / "optimizer") + os.sep, str(_ROOT / "passes") + os.sep)
+# Libraries that refuse models: an exception raised inside one is about the model (or the library), not a bug of
+# ours. Anything else (the standard library, pydantic, numpy) raises because of how our code called it.
+MODEL_LIBRARIES = frozenset(
+    {"onnxruntime", "torch", "onnx", "onnxscript", "onnx_ir", "transformers", "tokenizers", "safetensors",
+     "tensorrt", "polygraphy", "onnx_graphsurgeon"}
+)
+
+
+def _owner(filename: str) -> str | None:
+    """"ours", "library" (a model library) or None (anything else) for a frame's file."""
+    path = str(Path(filename).resolve())
+    if path.startswith(_OUR_PACKAGES):
+        return "ours"
+    parts = Path(filename).parts
+    for i, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages") and parts[i + 1].removesuffix(".py") in MODEL_LIBRARIES:
+            return "library"
+    return None
+
+
+def is_our_bug(error: BaseException) -> bool:
+    """Whether an exception is a bug of ours: not one of our errors (OptimizerError and its kinds say what is
+    wrong on purpose, but one raised `from` a bug of ours is followed to it), and of the frames that are ours or a
+    model library's, the innermost is ours (a KeyError in optimizer/, a TypeError pydantic raises on our call)."""
+    if isinstance(error, OptimizerError):
+        return error.__cause__ is not None and is_our_bug(error.__cause__)
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    owners = [o for o in map(_owner, reversed(frames)) if o is not None]
+    return bool(owners) and owners[0] == "ours"
+
+
+def debug_from_env() -> bool:
+    """OPTIMIZER_DEBUG=1: the test suite sets it (`optimizer --debug` passes debug=True instead)."""
+    return os.environ.get("OPTIMIZER_DEBUG", "") not in ("", "0")
+
+
 class Pipeline:
+    """debug: errors of our own code propagate with their traceback instead of becoming a failed stage (a
+    library's error still fails the stage alone, as it does for users). Default: debug_from_env()."""
+
     def __init__(
-        self, recipe: Recipe, out_dir: Path, events: Events | None = None, use_cache: bool = True, measure: bool = True
+        self,
+        recipe: Recipe,
+        out_dir: Path,
+        events: Events | None = None,
+        use_cache: bool = True,
+        measure: bool = True,
+        debug: bool | None = None,
     ) -> None:
         self.recipe = recipe
+        self.debug = debug_from_env() if debug is None else debug
+        self.services = MeasureServices()
         self.measure = measure
         self.run = rd.RunDir(out_dir.resolve())  # absolute: artifact paths in the report work from anywhere
         self.events = events or NullEvents()
@@ -200,24 +265,29 @@ class Pipeline:
                 rec.reason = f"not measured: {unrunnable}"
             elif rec.ok and self.measure:
                 self._measure(rec)
-        except PassError as e:
-            rec.status, rec.reason = "failed", e.message
-        except InputError as e:
-            rec.status, rec.reason = "failed", str(e)
-            rec.notes["error_kind"] = "input"  # the recipe's inputs do not fit the model: a usage error
-        except OptimizerError as e:
-            rec.status, rec.reason = "failed", str(e)
         except Exception as e:
-            # A library (or our code) blew up in a way it does not document: keep the run, say what happened.
-            rec.status, rec.reason = (
-                "failed",
-                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-            )
-        if rec.status == "failed":
-            rec.notes["traceback"] = traceback.format_exc()
+            if self.debug and is_our_bug(e):
+                raise  # a bug of ours: under tests and --debug it fails loudly, not as a stage
+            self._failed(rec, e)
         if rec.status == "failed" and rec.index > 0:
             parent = self.record(rec.parent or SOURCE_STAGE)
             rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+
+    def _failed(self, rec: StageRecord, e: Exception) -> None:
+        """Record the stage as failed with a one-line reason and the traceback (kept in the report's notes)."""
+        rec.status = "failed"
+        if isinstance(e, PassError):
+            e.in_stage(rec.name, tuple(r.name for r in self.records[: rec.index] if r.ok))
+            rec.reason = e.message
+        elif isinstance(e, InputError):
+            rec.reason = str(e)
+            rec.notes["error_kind"] = "input"  # the recipe's inputs do not fit the model: a usage error
+        elif isinstance(e, OptimizerError):
+            rec.reason = str(e)
+        else:  # a library (or our code) blew up in a way it does not document: keep the run, say what happened
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            rec.reason = f"{type(e).__name__}: {first}"
+        rec.notes["traceback"] = "".join(traceback.format_exception(e))
 
     def _source(self, rec: StageRecord) -> None:
         from optimizer.engine.source import source_artifact
@@ -279,7 +349,7 @@ class Pipeline:
             rec.status, rec.reason = "not run", f"parent {parent.name!r} has no artifact"
             return
         done = tuple(r.name for r in self.records[: rec.index] if r.ok)
-        probe = PassContext(self.recipe, rec.name, self.run.root, self.feeds, done)
+        probe = PassContext(self.recipe, rec.name, self.run.root, self.feeds, self.services, done)
         reason = instance.skip_reason(parent.artifact, probe)
         if reason:
             rec.status, rec.reason = "skipped", reason
@@ -312,7 +382,7 @@ class Pipeline:
         else:
             self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
             building = self.run.building_dir(rec.index, rec.name)
-            ctx = PassContext(self.recipe, rec.name, building, self.feeds, done, self._progress(rec))
+            ctx = PassContext(self.recipe, rec.name, building, self.feeds, self.services, done, self._progress(rec))
             start = time.perf_counter()
             try:
                 result = instance.run(parent.artifact, ctx)
@@ -350,7 +420,7 @@ class Pipeline:
     @staticmethod
     def _relocate(artifact: Artifact, folder: Path) -> Artifact:
         if artifact.path is not None and not artifact.path.is_absolute():
-            return Artifact(artifact.kind, folder / artifact.path, artifact.runtime, artifact.meta)
+            return artifact.derive(path=folder / artifact.path)
         return artifact
 
     # ------------------------------------------------------------ measurement
@@ -376,6 +446,8 @@ class Pipeline:
             if cached and cached.get("key") == key and cached.get("digest") != _metrics_digest(key, cached):
                 why = "did not match its checksum" if "digest" in cached else "had no checksum (an older version's)"
                 rec.notes["cache"] = f"{rec.folder}/metrics.json {why}: measured again"
+            elif cached and cached.get("key") == key and not _valid_metrics(cached.get("metrics")):
+                rec.notes["cache"] = f"{rec.folder}/metrics.json does not fit the metrics schema: measured again"
             elif cached and cached.get("key") == key:
                 reference = _load_reference(ref_path) if rec.index == 0 else None
                 if rec.index > 0 or reference is not None:
@@ -407,6 +479,7 @@ class Pipeline:
 
         metrics["graph"] = graph_stats(rec.artifact)
         metrics["size_bytes"] = rec.artifact.size_bytes()
+        StageMetrics.model_validate(metrics)  # what the report will read: a misfit is ours, found here
         rec.metrics = metrics
         if new_ref is not None and rec is source:
             self.reference = new_ref

@@ -56,10 +56,7 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
             raise InputError(f"inputs: {path.name} also needs {missing}; add them to the recipe's inputs")
         outputs = [o.name for o in model.graph.output]
         return Artifact(
-            "onnx",
-            path,
-            {"graph_optimization_level": "disable_all"},
-            {"input_names": names, "output_names": outputs},
+            "onnx", path, {"graph_optimization_level": "disable_all"}, input_names=names, output_names=outputs
         )
 
     import torch
@@ -79,10 +76,6 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
         outputs = ["generation"]  # the greedy loop's tokens and per-step logits
     tensors = list(module.parameters()) + list(module.buffers())
     param_bytes = sum(t.numel() * t.element_size() for t in tensors)
-    meta = {
-        "input_names": names,
-        "output_names": outputs,
-        "param_bytes": param_bytes,
-        "module": type(module).__name__,
-    }
-    return Artifact("torch", None, {}, meta)
+    return Artifact(
+        "torch", None, input_names=names, output_names=outputs, param_bytes=param_bytes, module=type(module).__name__
+    )

@@ -15,7 +15,9 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+from optimizer.core.errors import OptimizerError
 from optimizer.core.stage import StageRecord
+from optimizer.measure.best import choose_stage
 from optimizer.measure.harness import time_calls, warm_up
 from optimizer.measure.stats import LatencyStats
 from optimizer.recipe.schema import Recipe, Scenario
@@ -24,17 +26,14 @@ from optimizer.runtime.runners import runner_for
 
 
 def pick_stage(recipe: Recipe, records: list[StageRecord]) -> StageRecord | None:
-    """The stage to sweep, chosen as `optimizer export --stage` chooses (bundle.pick_stage: for "best" the one
-    rule of optimizer/best.py), or None."""
-    from optimizer.core.errors import OptimizerError
-    from optimizer.deploy.bundle import pick_stage as choose
-
-    view = {"scenarios": [{"name": s.name} for s in recipe.scenarios], "stages": [r.to_json() for r in records]}
+    """The stage to sweep, chosen as `optimizer export --stage` chooses (measure.best.choose_stage: for "best"
+    the one rule), or None."""
+    name = recipe.batch_sweep.stage if recipe.batch_sweep else "best"
     try:
-        chosen = choose(view, recipe.batch_sweep.stage if recipe.batch_sweep else "best")
+        chosen = choose_stage([r.to_report() for r in records], [s.name for s in recipe.scenarios], name)
     except OptimizerError:
         return None
-    return next(r for r in records if r.name == chosen["name"])
+    return next(r for r in records if r.name == chosen.name)
 
 
 def run_sweep(recipe: Recipe, stage: StageRecord, progress: Any = None) -> dict[str, Any]:

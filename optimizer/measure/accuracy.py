@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.recipe.schema import AccuracyBudget, Recipe
+from optimizer.core.errors import OptimizerError
+from optimizer.recipe.schema import AccuracyBudget, Recipe, budget_metric
+from optimizer.runtime.generation import Generation
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -59,7 +61,7 @@ class OutputAccuracy:
 
     def add(self, ref: np.ndarray, got: np.ndarray, logits: bool, mask: np.ndarray | None = None) -> None:
         if ref.shape != got.shape:
-            raise ValueError(f"shape {got.shape} differs from the reference's {ref.shape}")
+            raise OptimizerError(f"an output of shape {got.shape} differs from the reference's {ref.shape}")
         ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
         # Counted over every position: a NaN at a padded position still poisons a masked mean (NaN * 0 = NaN).
         self.nonfinite += int(np.sum(~np.isfinite(got64) & np.isfinite(ref64)))
@@ -139,7 +141,7 @@ class AccuracyMeter:
 
     def add(self, reference: list[np.ndarray], outputs: list[np.ndarray], mask: np.ndarray | None = None) -> None:
         if len(reference) != len(outputs):
-            raise ValueError(f"{len(outputs)} outputs, the reference has {len(reference)}")
+            raise OptimizerError(f"{len(outputs)} outputs, the reference has {len(reference)}")
         for name, ref, got in zip(self.names, reference, outputs, strict=True):
             self.per_output[name].add(ref, got, is_logits(name), mask)
 
@@ -157,19 +159,6 @@ def compare(
     meter = AccuracyMeter(names)
     meter.add(reference, outputs, mask)
     return meter
-
-
-def default_metric(task: str | None, workload: str) -> str:
-    """The metric a budget judges when the recipe names none: what the task's consumers use."""
-    if workload == "generation":
-        return "token_agreement"
-    if task == "sequence-classification":
-        return "top1"
-    return "cosine"  # on kept positions: every token state a consumer of an encoder reads
-
-
-def budget_metric(budget: AccuracyBudget, task: str | None = None, workload: str = "forward") -> str:
-    return budget.metric or default_metric(task, workload)
 
 
 def budget_verdict(
@@ -202,11 +191,26 @@ def recipe_verdict(accuracy: dict[str, Any], recipe: Recipe) -> tuple[bool, str]
     return budget_verdict(accuracy, recipe.accuracy, getattr(recipe.model, "task", None), recipe.workload)
 
 
-def recipe_metric(recipe: Recipe) -> str:
-    return budget_metric(recipe.accuracy, getattr(recipe.model, "task", None), recipe.workload)
-
-
 def mask_of(feed: dict[str, np.ndarray]) -> np.ndarray | None:
     """The attention mask among a feed's inputs, if any: the positions a consumer of the outputs keeps."""
     name = next((n for n in feed if n == "attention_mask"), None) or next((n for n in feed if "mask" in n), None)
     return feed[name] if name is not None and feed[name].ndim == 2 else None
+
+
+def generation_agreement(reference: Generation, got: Generation) -> dict[str, float]:
+    """Greedy token agreement over the generated sequence, and the logits cosine step by step (the lowest, and
+    the lowest before the first disagreement, after which the two runs see different contexts)."""
+    same = reference.tokens == got.tokens
+    first_diff = int(np.argmin(same.all(0))) if not same.all() else same.shape[1]
+    cos = []
+    for a, b in zip(reference.step_logits, got.step_logits, strict=True):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        num = (a64 * b64).sum(-1)
+        den = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1) + 1e-30
+        cos.append(float((num / den).min()))
+    return {
+        "token_agreement": float(same.mean()),
+        "first_disagreement": first_diff,
+        "logits_cosine_min": min(cos),
+        "logits_cosine_before_divergence": min(cos[: max(first_diff, 1)]),
+    }

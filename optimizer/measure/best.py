@@ -10,13 +10,19 @@ memory) wins.
 Two stages are compared through their common ancestor: only the links after it differ, so a branch is judged on
 its own interleaved measurements. Each link's 95% interval is read as a normal interval in log space and the
 links are independent sessions, so their variances add.
+
+It reads stages as core.stage.StageReport, so the report, the bundles and the engine's batch sweep all choose
+through it without any of them reaching above its layer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from optimizer.core.errors import OptimizerError
+from optimizer.core.stage import StageReport
 
 Z95 = 1.96
 
@@ -32,35 +38,35 @@ class Comparison:
         return self.low <= 1.0 <= self.high
 
 
-def _by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {s["name"]: s for s in report["stages"]}
+def _by_name(stages: Sequence[StageReport]) -> dict[str, StageReport]:
+    return {s.name: s for s in stages}
 
 
-def lineage(report: dict[str, Any], name: str) -> list[str]:
+def lineage(stages: Sequence[StageReport], name: str) -> list[str]:
     """The stage and the stages it was measured against, back to stage 0: [name, ..., source]."""
-    by = _by_name(report)
+    by = _by_name(stages)
     out: list[str] = []
     cur: str | None = name
     while cur is not None and cur not in out:
         out.append(cur)
         st = by[cur]
-        if st["index"] == 0 or not st.get("parent"):
+        if st.index == 0 or not st.parent:
             break
-        cur = by[st["parent"]].get("measured_against")
+        cur = by[st.parent].measured_against
     return out
 
 
-def _link(stage: dict[str, Any], scenario: str) -> tuple[float, float] | None:
+def _link(stage: StageReport, scenario: str) -> tuple[float, float] | None:
     """(log ratio, log sigma) of a stage against the stage it was timed with, or None when not measured."""
-    vs = (((stage.get("metrics") or {}).get("scenarios") or {}).get(scenario) or {}).get("vs_parent")
-    if not vs or not vs.get("ratio"):
+    sm = stage.scenario(scenario)
+    vs = sm.vs_parent if sm is not None else None
+    if vs is None or not vs.ratio:
         return None
-    lo, hi = max(vs["low"], 1e-12), max(vs["high"], 1e-12)
-    return math.log(vs["ratio"]), (math.log(hi) - math.log(lo)) / (2 * Z95)
+    lo, hi = max(vs.low, 1e-12), max(vs.high, 1e-12)
+    return math.log(vs.ratio), (math.log(hi) - math.log(lo)) / (2 * Z95)
 
 
-def _segment(report: dict[str, Any], path: list[str], scenario: str) -> tuple[float, float] | None:
-    by = _by_name(report)
+def _segment(by: dict[str, StageReport], path: list[str], scenario: str) -> tuple[float, float] | None:
     mu, var = 0.0, 0.0
     for name in path:
         link = _link(by[name], scenario)
@@ -70,82 +76,100 @@ def _segment(report: dict[str, Any], path: list[str], scenario: str) -> tuple[fl
     return mu, var
 
 
-def compare(report: dict[str, Any], a: str, b: str, scenarios: list[str] | None = None) -> Comparison | None:
-    """Speed of a over b (geometric mean over scenarios) with its 95% interval, through their common ancestor;
+def compare(stages: Sequence[StageReport], scenarios: Sequence[str], a: str, b: str) -> Comparison | None:
+    """Speed of a over b (geometric mean over the scenarios) with its 95% interval, through their common ancestor;
     None when either has no measured chain in some scenario."""
-    names = scenarios or [s["name"] for s in report["scenarios"]]
-    pa, pb = lineage(report, a), lineage(report, b)
+    by = _by_name(stages)
+    pa, pb = lineage(stages, a), lineage(stages, b)
     common = next((x for x in pa if x in pb), None)
-    if common is None:
+    if common is None or not scenarios:
         return None
     seg_a, seg_b = pa[: pa.index(common)], pb[: pb.index(common)]
     mu, var = 0.0, 0.0
-    for scen in names:
-        sa, sb = _segment(report, seg_a, scen), _segment(report, seg_b, scen)
+    for scen in scenarios:
+        sa, sb = _segment(by, seg_a, scen), _segment(by, seg_b, scen)
         if sa is None or sb is None:
             return None
         mu, var = mu + sa[0] - sb[0], var + sa[1] + sb[1]
-    k = len(names)
+    k = len(scenarios)
     mu, sigma = mu / k, math.sqrt(var) / k
     return Comparison(math.exp(mu), math.exp(mu - Z95 * sigma), math.exp(mu + Z95 * sigma))
 
 
-def eligibility(report: dict[str, Any], stage: dict[str, Any]) -> str | None:
+def eligibility(stages: Sequence[StageReport], scenarios: Sequence[str], stage: StageReport) -> str | None:
     """Why a stage cannot be best, or None."""
-    if stage["status"] not in ("ran", "cached"):
-        return stage["status"]
-    m = stage.get("metrics") or {}
-    if not m:
+    if not stage.ok:
+        return stage.status
+    m = stage.metrics
+    if m is None:
         return "not measured"
-    if not m.get("within_budget", False):
+    if not m.within_budget:
         return "REJECTED (outside the accuracy budget)"
-    art = stage.get("artifact") or {}
-    if not art or art.get("kind") == "torch":
+    if stage.artifact is None or stage.artifact.kind == "torch":
         return "no deployable artifact (the PyTorch source)"
-    if compare(report, stage["name"], report["stages"][0]["name"]) is None:
+    if compare(stages, scenarios, stage.name, stages[0].name) is None:
         return "no chain of interleaved ratios to stage 0 in every scenario"
     return None
 
 
-def _size(stage: dict[str, Any]) -> tuple[float, float]:
-    m = stage.get("metrics") or {}
-    return float(m.get("size_bytes") or math.inf), float(m.get("memory_mb") or math.inf)
+def _size(stage: StageReport) -> tuple[float, float]:
+    m = stage.metrics
+    if m is None:
+        return math.inf, math.inf
+    return float(m.size_bytes or math.inf), float(m.memory_mb or math.inf)
 
 
-def best_stage(report: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+def best_stage(stages: Sequence[StageReport], scenarios: Sequence[str]) -> tuple[StageReport | None, str]:
     """The best stage by the rule above, and the sentence that says why."""
-    source = report["stages"][0]["name"]
-    eligible = [s for s in report["stages"] if eligibility(report, s) is None]
+    source = stages[0].name
+    eligible = [s for s in stages if eligibility(stages, scenarios, s) is None]
     if not eligible:
         return None, "no stage is within the accuracy budget with a deployable artifact measured in every scenario"
-    speed = {s["name"]: compare(report, s["name"], source) for s in eligible}
-    fastest = max(eligible, key=lambda s: speed[s["name"]].ratio)  # type: ignore[union-attr]
-    ties = [s for s in eligible if s is fastest or compare(report, s["name"], fastest["name"]).tie]  # type: ignore[union-attr]
+    speed = {s.name: compare(stages, scenarios, s.name, source) for s in eligible}
+    fastest = max(eligible, key=lambda s: speed[s.name].ratio)  # type: ignore[union-attr]
+    ties = [s for s in eligible if s is fastest or compare(stages, scenarios, s.name, fastest.name).tie]  # type: ignore[union-attr]
     chosen = min(ties, key=_size)
-    c = speed[chosen["name"]]
+    c = speed[chosen.name]
     assert c is not None
     why = (
-        f"`{chosen['name']}`: {c.ratio:.2f}x the speed of stage 0 ({c.low:.2f}-{c.high:.2f}, chained interleaved "
-        f"ratios, geometric mean over {len(report['scenarios'])} scenario(s)), within the accuracy budget"
+        f"`{chosen.name}`: {c.ratio:.2f}x the speed of stage 0 ({c.low:.2f}-{c.high:.2f}, chained interleaved "
+        f"ratios, geometric mean over {len(scenarios)} scenario(s)), within the accuracy budget"
     )
     if chosen is not fastest:
-        f = speed[fastest["name"]]
+        f = speed[fastest.name]
         assert f is not None
         why += (
-            f"; `{fastest['name']}` ({f.ratio:.2f}x) is within noise of it, and `{chosen['name']}` is smaller "
+            f"; `{fastest.name}` ({f.ratio:.2f}x) is within noise of it, and `{chosen.name}` is smaller "
             f"({_size(chosen)[0] / 2**20:.1f} vs {_size(fastest)[0] / 2**20:.1f} MB)"
         )
     elif len(ties) > 1:
-        others = ", ".join(f"`{s['name']}`" for s in ties if s is not chosen)
+        others = ", ".join(f"`{s.name}`" for s in ties if s is not chosen)
         why += f"; tied within noise with {others}, and the smallest of them"
     faster_rejected = [
-        s["name"]
-        for s in report["stages"]
-        if s["status"] in ("ran", "cached")
-        and not (s.get("metrics") or {}).get("within_budget", True)
-        and (cmp := compare(report, s["name"], chosen["name"])) is not None
+        s.name
+        for s in stages
+        if s.ok
+        and s.metrics is not None
+        and not s.metrics.within_budget
+        and (cmp := compare(stages, scenarios, s.name, chosen.name)) is not None
         and cmp.ratio > 1
     ]
     if faster_rejected:
         why += f"; faster but REJECTED by the budget: {', '.join(f'`{n}`' for n in faster_rejected)}"
     return chosen, why
+
+
+def choose_stage(stages: Sequence[StageReport], scenarios: Sequence[str], name: str) -> StageReport:
+    """The stage `export --stage` and the batch sweep take: the named one (it must have an artifact), or "best" by
+    the rule above. Refusals are one OptimizerError that names the option."""
+    if name != "best":
+        stage = next((s for s in stages if s.name == name), None)
+        if stage is None:
+            raise OptimizerError(f"--stage: no stage {name!r} (stages: {', '.join(s.name for s in stages)})")
+        if not stage.ok or stage.artifact is None:
+            raise OptimizerError(f"--stage: stage {name!r} has no artifact to export ({stage.status})")
+        return stage
+    chosen, why = best_stage(stages, scenarios)
+    if chosen is None:
+        raise OptimizerError(f"--stage best: {why}")
+    return chosen

@@ -15,6 +15,19 @@ from typing import Any
 import numpy as np
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import (
+    CudaKernels,
+    InputsMix,
+    Latency,
+    MachineLoad,
+    Memory,
+    NvmlSummary,
+    ScenarioMetrics,
+    Speedup,
+    StageMetrics,
+    Throughput,
+    Transfers,
+)
 from optimizer.measure.accuracy import AccuracyMeter, mask_of, recipe_verdict
 from optimizer.measure.harness import Timed, measure, warm_up_all
 from optimizer.measure.machine import LoadSampler
@@ -30,6 +43,11 @@ MEASURE_VERSION = 11  # 10: every sample timed in turn, accuracy on kept positio
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
+
+
+def latency_of(samples_ms: list[float] | np.ndarray) -> Latency:
+    """LatencyStats of the samples, as the metrics hold them."""
+    return Latency.model_validate(LatencyStats.of(samples_ms).to_json())
 
 
 def _rss() -> int:
@@ -83,10 +101,10 @@ def _accuracy(session: Session, feeds: FeedSet, reference: Reference) -> dict[st
     return meter.to_json()
 
 
-def _throughput(recipe: Recipe, scenario_name: str, mean_ms: float) -> dict[str, float]:
+def _throughput(recipe: Recipe, scenario_name: str, mean_ms: float) -> Throughput:
     scen = next(s for s in recipe.scenarios if s.name == scenario_name)
     per_s = 1000.0 / mean_ms if mean_ms > 0 else 0.0
-    return {"samples_per_s": scen.batch * per_s, "tokens_per_s": scen.batch * scen.seq * per_s}
+    return Throughput(samples_per_s=scen.batch * per_s, tokens_per_s=scen.batch * scen.seq * per_s)
 
 
 def measure_stage(
@@ -97,7 +115,9 @@ def measure_stage(
     reference: Reference | None,
     progress: Progress,
 ) -> tuple[dict[str, Any], Reference | None]:
-    """Metrics of one stage. With reference=None the stage is stage 0 and its outputs become the reference."""
+    """Metrics of one stage, built as core.metrics.StageMetrics and returned as its JSON (what the engine adds the
+    graph facts to and caches in metrics.json). With reference=None the stage is stage 0 and its outputs become
+    the reference."""
     settings = recipe.benchmark
     gc.collect()
     with ExitStack() as stack:
@@ -123,7 +143,7 @@ def measure_stage(
 
         parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
         load = stack.enter_context(LoadSampler())
-        scenarios: dict[str, Any] = {}
+        scenarios: dict[str, ScenarioMetrics] = {}
         total = len(prepared) * settings.rounds
         done = 0
         for sf in feeds:
@@ -140,28 +160,31 @@ def measure_stage(
             with NvmlSampler() if recipe.target.device == "cuda" else nullcontext() as sampler:
                 measure(child, other, settings, tick)
             done += settings.rounds
-            stats = LatencyStats.of(child.samples())
-            entry: dict[str, Any] = {
-                "latency": stats.to_json(),
-                "throughput": _throughput(recipe, name, stats.mean_ms),
-                "iterations": len(child.samples()),
-                "rounds": len(child.rounds),
-                "median_ci_halfwidth": median_ci_halfwidth(child.samples()),
-                "inputs": sf.lengths() or {"samples": len(sf.samples)},  # the mix the latency was taken over
+            stats = latency_of(child.samples())
+            entry = ScenarioMetrics(
+                latency=stats,
+                throughput=_throughput(recipe, name, stats.mean_ms),
+                iterations=len(child.samples()),
+                rounds=len(child.rounds),
+                median_ci_halfwidth=median_ci_halfwidth(child.samples()),
+                # the mix the latency was taken over
+                inputs=InputsMix.model_validate(sf.lengths() or {"samples": len(sf.samples)}),
                 # Kept so that runs can be compared later (optimizer diff) with their real spread.
-                "samples_ms": [round(x, 4) for x in child.samples()],
-            }
+                samples_ms=[round(x, 4) for x in child.samples()],
+            )
             if child.device_rounds:  # GPU stages: compute time apart from host latency and from copies
-                entry["gpu_latency"] = LatencyStats.of([x for r in child.device_rounds for x in r]).to_json()
-                entry["transfers"] = session.transfer_ms(sf.timing)  # type: ignore[attr-defined]
-                entry["nvml"] = sampler.summary() if sampler is not None else {}
+                entry.gpu_latency = latency_of([x for r in child.device_rounds for x in r])
+                entry.transfers = Transfers.model_validate(session.transfer_ms(sf.timing))  # type: ignore[attr-defined]
+                entry.nvml = NvmlSummary.model_validate(sampler.summary() if sampler is not None else {})
             if recipe.target.device == "cuda":  # kernels run and host launches per call (any runtime, via CUPTI)
                 from optimizer.runtime.gpu.kernels import profile_kernels
 
-                entry["cuda_kernels"] = profile_kernels(lambda p=prepared[name][0]: session.run(p))
+                counts = profile_kernels(lambda p=prepared[name][0]: session.run(p))
+                entry.cuda_kernels = CudaKernels.model_validate(counts)
             if other is not None:
-                entry["parent_latency"] = LatencyStats.of(other.samples()).to_json()
-                entry["vs_parent"] = speedup(other.rounds, child.rounds, settings.confidence).to_json()
+                entry.parent_latency = latency_of(other.samples())
+                vs = speedup(other.rounds, child.rounds, settings.confidence)
+                entry.vs_parent = Speedup.model_validate(vs.to_json())
             scenarios[name] = entry
         load.__exit__(None, None, None)
         op_times: dict[str, float] = {}
@@ -173,18 +196,19 @@ def measure_stage(
             op_times, nodes_executed = op_time_breakdown(artifact, recipe, next(iter(feeds)).timing)
         progress("measuring memory", 0, 0)
         memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
-        metrics = {
-            "op_time_ms": op_times,  # per run, first scenario, from ORT's profiler (a separate session)
-            "nodes_executed": nodes_executed,  # kernels ORT ran per call (after its own fusions)
-            "runtime": session.describe(),
-            "memory_mb": memory_mb,
-            "memory": memory,
-            "gpu_memory_mb": gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)
-            "accuracy": accuracy,
-            "within_budget": within,
-            "budget": why,
-            "scenarios": scenarios,
-            "machine_load": load.result,  # other processes' CPU, steal, load average while this stage was timed
-            "nonfinite_reference": nonfinite_reference,  # stage 0 only: NaN/inf in the reference outputs
-        }
-    return metrics, new_reference
+        metrics = StageMetrics(
+            op_time_ms=op_times,  # per run, first scenario, from ORT's profiler (a separate session)
+            nodes_executed=nodes_executed,  # kernels ORT ran per call (after its own fusions)
+            runtime=session.describe(),
+            memory_mb=memory_mb,
+            memory=Memory.model_validate(memory),
+            gpu_memory_mb=gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)
+            accuracy=accuracy,
+            within_budget=within,
+            budget=why,
+            scenarios=scenarios,
+            # other processes' CPU, steal, load average while this stage was timed
+            machine_load=MachineLoad.model_validate(load.result) if load.result else None,
+            nonfinite_reference=nonfinite_reference,  # stage 0 only: NaN/inf in the reference outputs
+        )
+    return metrics.to_json(), new_reference

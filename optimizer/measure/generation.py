@@ -13,10 +13,21 @@ from typing import Any
 import numpy as np
 
 from optimizer.core.artifact import Artifact
-from optimizer.measure.forward import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, stage_memory
-from optimizer.measure.stats import LatencyStats, median_ci_halfwidth, speedup
+from optimizer.core.metrics import (
+    CudaKernels,
+    MachineLoad,
+    Memory,
+    OutputAccuracy,
+    ScenarioMetrics,
+    Speedup,
+    StageMetrics,
+    Throughput,
+)
+from optimizer.measure.accuracy import generation_agreement as agreement
+from optimizer.measure.forward import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, latency_of, stage_memory
+from optimizer.measure.stats import median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
-from optimizer.runtime.generation import Generation, agreement
+from optimizer.runtime.generation import Generation
 from optimizer.runtime.inputs import FeedSet
 from optimizer.runtime.runners.gen_runner import generator_for
 
@@ -69,7 +80,7 @@ def measure_generation_stage(
 
     within, why = recipe_verdict(accuracy, recipe)
     parent_gen = generator_for(parent, recipe) if parent is not None else None
-    scenarios: dict[str, Any] = {}
+    scenarios: dict[str, ScenarioMetrics] = {}
     total = len(recipe.scenarios) * settings.rounds
     done = 0
     from optimizer.measure.machine import LoadSampler
@@ -97,31 +108,32 @@ def measure_generation_stage(
             done += 1
             progress(f"generating {sf.scenario.name}", done, total)
         child = [g for rnd in runs["child"] for g in rnd]
-        e2e = LatencyStats.of([g.e2e_ms for g in child])
+        e2e = latency_of([g.e2e_ms for g in child])
         batch = sf.scenario.batch
-        entry: dict[str, Any] = {
-            "latency": e2e.to_json(),
-            "ttft": LatencyStats.of([g.ttft_ms for g in child]).to_json(),
-            "tpot": LatencyStats.of([t for g in child for t in g.tpot_ms] or [0.0]).to_json(),
-            "throughput": {
-                "tokens_per_s": batch * new * 1000 / e2e.mean_ms,
-                "samples_per_s": batch * 1000 / e2e.mean_ms,
-            },
-            "iterations": len(child),
-            "rounds": r,
-            "prompt_tokens": int(prompt.shape[1]),
-            "new_tokens": new,
-            "samples_ms": [round(g.e2e_ms, 4) for g in child],
-        }
+        entry = ScenarioMetrics(
+            latency=e2e,
+            ttft=latency_of([g.ttft_ms for g in child]),
+            tpot=latency_of([t for g in child for t in g.tpot_ms] or [0.0]),
+            throughput=Throughput(
+                tokens_per_s=batch * new * 1000 / e2e.mean_ms,
+                samples_per_s=batch * 1000 / e2e.mean_ms,
+            ),
+            iterations=len(child),
+            rounds=r,
+            prompt_tokens=int(prompt.shape[1]),
+            new_tokens=new,
+            samples_ms=[round(g.e2e_ms, 4) for g in child],
+        )
         if parent_gen is not None:
             p_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["parent"]]
             c_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["child"]]
-            entry["parent_latency"] = LatencyStats.of([x for rnd in p_rounds for x in rnd]).to_json()
-            entry["vs_parent"] = speedup(p_rounds, c_rounds, settings.confidence).to_json()
+            entry.parent_latency = latency_of([x for rnd in p_rounds for x in rnd])
+            entry.vs_parent = Speedup.model_validate(speedup(p_rounds, c_rounds, settings.confidence).to_json())
         if recipe.target.device == "cuda":  # per whole task (prefill + new_tokens - 1 decode steps)
             from optimizer.runtime.gpu.kernels import profile_kernels
 
-            entry["cuda_kernels"] = profile_kernels(lambda g=gen, p=prompt, n=new: g.generate(p, n, False), calls=1)
+            counts = profile_kernels(lambda g=gen, p=prompt, n=new: g.generate(p, n, False), calls=1)
+            entry.cuda_kernels = CudaKernels.model_validate(counts)
         scenarios[sf.scenario.name] = entry
     load.__exit__(None, None, None)
     runtime = {
@@ -139,21 +151,21 @@ def measure_generation_stage(
         op_times, nodes_executed = decode_step_profile(artifact, recipe, next(iter(feeds)).timing["input_ids"])
     progress("measuring memory", 0, 0)
     memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
-    metrics = {
-        "workload": "generation",
-        "runtime": runtime,
-        "memory_mb": memory_mb,
-        "memory": memory,
-        "gpu_memory_mb": gpu_memory_mb,
-        "accuracy": accuracy,
-        "within_budget": within,
-        "budget": why,
-        "scenarios": scenarios,
-        "machine_load": load.result,
-        "op_time_ms": op_times,  # per decode step (first scenario's prompt), from ORT's profiler
-        "nodes_executed": nodes_executed,  # per decode step
-    }
-    return metrics, new_reference
+    metrics = StageMetrics(
+        workload="generation",
+        runtime=runtime,
+        memory_mb=memory_mb,
+        memory=Memory.model_validate(memory),
+        gpu_memory_mb=gpu_memory_mb,
+        accuracy={name: OutputAccuracy.model_validate(a) for name, a in accuracy.items()},
+        within_budget=within,
+        budget=why,
+        scenarios=scenarios,
+        machine_load=MachineLoad.model_validate(load.result) if load.result else None,
+        op_time_ms=op_times,  # per decode step (first scenario's prompt), from ORT's profiler
+        nodes_executed=nodes_executed,  # per decode step
+    )
+    return metrics.to_json(), new_reference  # StageMetrics' JSON, as measure_stage returns it
 
 
 def decode_step_profile(artifact: Artifact, recipe: Recipe, prompt: np.ndarray) -> tuple[dict[str, float], int]:
@@ -171,6 +183,6 @@ def decode_step_profile(artifact: Artifact, recipe: Recipe, prompt: np.ndarray) 
     feed = {
         "input_ids": logits.argmax(-1)[:, None].astype(np.int64),
         "attention_mask": np.ones((batch, seq + 1), np.int64),
-        **{past: value for (past, _), value in zip(cache_names(int(artifact.meta["layers"])), cache, strict=True)},
+        **{past: value for (past, _), value in zip(cache_names(artifact.decoder_layers()), cache, strict=True)},
     }
-    return op_time_breakdown(Artifact("onnx", decode, artifact.runtime, artifact.meta), recipe, feed)
+    return op_time_breakdown(artifact.derive(path=decode, decode=None, decode_external_data=[]), recipe, feed)

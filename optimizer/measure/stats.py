@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.core.metrics import Latency
+
 
 def _binom_cdf(n: int, p: float) -> np.ndarray:
     """P(B <= k) for k = 0..n, B ~ Binomial(n, p), through log-gamma (no scipy needed for one table)."""
@@ -47,18 +49,8 @@ def calls_to_resolve(q: float, confidence: float = 0.95) -> int:
     return math.ceil(math.log((1 - confidence) / 2) / math.log(q))
 
 
-@dataclass(frozen=True)
-class LatencyStats:
-    n: int
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    mean_ms: float
-    std_ms: float
-    min_ms: float
-    cv: float
-    p90_ci: tuple[float, float] | None = None  # 95% interval from order statistics; None: not resolved
-    p99_ci: tuple[float, float] | None = None
+class LatencyStats(Latency):
+    """The report's Latency (core.metrics), computed from timed calls."""
 
     @staticmethod
     def of(samples_ms: list[float] | np.ndarray) -> LatencyStats:
@@ -67,20 +59,17 @@ class LatencyStats:
         std = float(a.std(ddof=1)) if a.size > 1 else 0.0
         p50, p90, p99 = (float(x) for x in np.percentile(a, [50, 90, 99]))
         return LatencyStats(
-            int(a.size),
-            p50,
-            p90,
-            p99,
-            mean,
-            std,
-            float(a.min()),
-            std / mean if mean else 0.0,
-            quantile_ci(a, 0.90),
-            quantile_ci(a, 0.99),
+            n=int(a.size),
+            p50_ms=p50,
+            p90_ms=p90,
+            p99_ms=p99,
+            mean_ms=mean,
+            std_ms=std,
+            min_ms=float(a.min()),
+            cv=std / mean if mean else 0.0,
+            p90_ci=quantile_ci(a, 0.90),
+            p99_ci=quantile_ci(a, 0.99),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -241,8 +241,10 @@ def factory_cases(out: Outcome, base: dict[str, Any], work: Path) -> None:
 def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
     from optimizer.report.diff import different_models
     from optimizer.report.history import list_runs, load_report, record
+    from optimizer.report.schema import parse_report, read_report
 
     report = json.loads((run / "report.json").read_text())
+    typed = read_report(run / "report.json")
 
     def refuses(fn: Callable[[], Any]) -> bool | str:
         return _refused(fn, OptimizerError)
@@ -253,7 +255,7 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
     other = copy.deepcopy(report)
     other["recipe"]["model"] = {"source": "factory", "target": "x:y", "kwargs": {}}
     out.add("5 honest outcomes", "diff of different models",
-            lambda: True if different_models(report, other) else "not noticed")
+            lambda: True if different_models(typed, parse_report(other, "other.json")) else "not noticed")
     garbage = work / "garbage.sqlite"
     garbage.write_bytes(b"not a database" * 100)
     out.add("5 honest outcomes", "history not a database", lambda: refuses(lambda: list_runs(garbage)))
@@ -261,7 +263,7 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
     def page_corrupt() -> bool | str:
         db = work / "history.sqlite"
         for _ in range(3):
-            record(report, db)
+            record(typed, db)
         with sqlite3.connect(db) as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'runs'").fetchone()[0]
@@ -274,7 +276,7 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
     out.add("5 honest outcomes", "history page corrupted", page_corrupt)
     killed = work / "killed.json"
     killed.write_text(json.dumps({**report, "outcome": "incomplete"}))
-    out.add("5 honest outcomes", "report of a killed run", lambda: True if load_report(str(killed))["outcome"]
+    out.add("5 honest outcomes", "report of a killed run", lambda: True if load_report(str(killed)).outcome
             == "incomplete" else "read as finished")
 
 

@@ -5,11 +5,11 @@ file and runs the checks that span fields.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SOURCE_STAGE = "source"
@@ -89,7 +89,7 @@ class InputSpec(Strict):
     @field_validator("range")
     @classmethod
     def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
-        if v is not None and not (np.isfinite(v).all() and v[0] < v[1]):
+        if v is not None and not (all(math.isfinite(x) for x in v) and v[0] < v[1]):
             raise ValueError(f"{list(v)} is not a finite range with low < high")
         return v
     fill: Literal["random", "ones", "zeros"] = "random"
@@ -250,3 +250,20 @@ class Recipe(Strict):
 def recipe_dict(recipe: Recipe) -> dict[str, Any]:
     """The recipe as plain data, with `from` spelled as in the file (used for hashing and the report)."""
     return recipe.model_dump(mode="json", by_alias=True, exclude={"base_dir"})
+
+
+def default_metric(task: str | None, workload: str) -> str:
+    """The metric a budget judges when the recipe names none: what the task's consumers use."""
+    if workload == "generation":
+        return "token_agreement"
+    if task == "sequence-classification":
+        return "top1"
+    return "cosine"  # on kept positions: every token state a consumer of an encoder reads
+
+
+def budget_metric(budget: AccuracyBudget, task: str | None = None, workload: str = "forward") -> str:
+    return budget.metric or default_metric(task, workload)
+
+
+def recipe_metric(recipe: Recipe) -> str:
+    return budget_metric(recipe.accuracy, getattr(recipe.model, "task", None), recipe.workload)

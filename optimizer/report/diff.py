@@ -22,6 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.core.metrics import ScenarioMetrics, StageMetrics
+from optimizer.core.stage import StageReport
+from optimizer.report.schema import RunReport
+
 MIN_EFFECT = 0.02  # between-run differences smaller than this are within noise, whatever the intervals say
 # The between-run move of a ratio is never taken below this (log): with few passes the estimate is poor, and on
 # the test machine identical code moved pass ratios 5-30% between runs (scripts/aa_diff.py).
@@ -29,23 +33,23 @@ MIN_BETWEEN_RUNS = 0.03
 Z95 = 1.96
 
 
-def machine_drift(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+def machine_drift(a: RunReport, b: RunReport) -> float | None:
     """Change of the fixed calibration workload (optimizer/machine.py) from run A to run B (B/A - 1), or None."""
     means = []
     for r in (a, b):
-        c = (r.get("machine") or {}).get("calibration") or {}
-        if not c.get("before_ms"):
+        c = r.machine.calibration if r.machine is not None else None
+        if c is None or not c.before_ms:
             return None
-        means.append(math.sqrt(c["before_ms"] * (c.get("after_ms") or c["before_ms"])))
+        means.append(math.sqrt(c.before_ms * (c.after_ms or c.before_ms)))
     return means[1] / means[0] - 1
 
 
-def _link(e: dict[str, Any]) -> tuple[float, float] | None:
+def _link(e: ScenarioMetrics) -> tuple[float, float] | None:
     """(log ratio, log sigma) of a stage's interleaved ratio against its input."""
-    vs = e.get("vs_parent")
-    if not vs or not vs.get("ratio"):
+    vs = e.vs_parent
+    if vs is None or not vs.ratio:
         return None
-    return math.log(vs["ratio"]), (math.log(max(vs["high"], 1e-12)) - math.log(max(vs["low"], 1e-12))) / (2 * Z95)
+    return math.log(vs.ratio), (math.log(max(vs.high, 1e-12)) - math.log(max(vs.low, 1e-12))) / (2 * Z95)
 
 
 def _between_runs(changes: dict[tuple[str, str], float], stage: str, direct: set[str]) -> float:
@@ -59,9 +63,9 @@ def _between_runs(changes: dict[tuple[str, str], float], stage: str, direct: set
     return max(1.4826 * float(np.median(pool)) if pool else 0.0, MIN_BETWEEN_RUNS)
 
 
-def _verdict(a: dict[str, Any], b: dict[str, Any], seed: int = 0) -> tuple[float, float, str]:
+def _verdict(a: ScenarioMetrics, b: ScenarioMetrics, seed: int = 0) -> tuple[float, float, str]:
     """(low, high) of the A/B ratio's 95% interval, and whether B is faster, slower or within noise."""
-    sa, sb = a.get("samples_ms"), b.get("samples_ms")
+    sa, sb = a.samples_ms, b.samples_ms
     if sa and sb:
         rng = np.random.default_rng(seed)
         xa, xb = np.asarray(sa), np.asarray(sb)
@@ -69,60 +73,57 @@ def _verdict(a: dict[str, Any], b: dict[str, Any], seed: int = 0) -> tuple[float
         rb = np.median(xb[rng.integers(0, len(xb), (1000, len(xb)))], axis=1)
         low, high = (float(v) for v in np.quantile(ra / rb, [0.025, 0.975]))
     else:
-        la, lb = a["latency"], b["latency"]
-        se_a = 1.2533 * la["std_ms"] / math.sqrt(max(la["n"], 1))
-        se_b = 1.2533 * lb["std_ms"] / math.sqrt(max(lb["n"], 1))
-        ratio = la["p50_ms"] / lb["p50_ms"]
-        rel = math.sqrt((se_a / la["p50_ms"]) ** 2 + (se_b / lb["p50_ms"]) ** 2)
+        la, lb = a.latency, b.latency
+        se_a = 1.2533 * la.std_ms / math.sqrt(max(la.n, 1))
+        se_b = 1.2533 * lb.std_ms / math.sqrt(max(lb.n, 1))
+        ratio = la.p50_ms / lb.p50_ms
+        rel = math.sqrt((se_a / la.p50_ms) ** 2 + (se_b / lb.p50_ms) ** 2)
         low, high = ratio * (1 - 1.96 * rel), ratio * (1 + 1.96 * rel)
     verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
     return low, high, verdict
 
 
-def _stages(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {s["name"]: s for s in report["stages"]}
+def _stages(report: RunReport) -> dict[str, StageReport]:
+    return {s.name: s for s in report.stages}
 
 
-def _model_label(report: dict[str, Any]) -> str:
-    model = report["recipe"]["model"]
+def _model_label(report: RunReport) -> str:
+    model = report.recipe.model
     what = model.get("path") or model.get("architecture") or model.get("target") or "?"
-    return f"{report['recipe']['name']} ({model['source']}: {what})"
+    return f"{report.recipe.name} ({model['source']}: {what})"
 
 
-def different_models(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+def different_models(a: RunReport, b: RunReport) -> str | None:
     """Why A and B are not two runs of one model (stage-by-stage ratios would then not be pass effects), or None."""
-    if a["recipe"]["model"] == b["recipe"]["model"]:
+    if a.recipe.model == b.recipe.model:
         return None
     return f"A and B are runs of different models: A {_model_label(a)}, B {_model_label(b)}"
 
 
-def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
     sa, sb = _stages(a), _stages(b)
-    metric = (b.get("settings") or {}).get("accuracy_metric")
+    metric = b.settings.accuracy_metric
     names = [n for n in sb if n in sa]
-    scenarios = [s["name"] for s in b["scenarios"] if s["name"] in {x["name"] for x in a["scenarios"]}]
+    scenarios = [n for n in b.scenario_names if n in set(a.scenario_names)]
 
-    def entries(name: str, scen: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        ma, mb = (sa[name].get("metrics") or {}), (sb[name].get("metrics") or {})
-        return (ma.get("scenarios") or {}).get(scen), (mb.get("scenarios") or {}).get(scen)
+    def entries(name: str, scen: str) -> tuple[ScenarioMetrics | None, ScenarioMetrics | None]:
+        return sa[name].scenario(scen), sb[name].scenario(scen)
 
     links: dict[tuple[str, str], tuple[float, float]] = {}  # (stage, scenario) -> (log B/A of its ratio, sigma)
     for scen in scenarios:
         for name in names:
             ea, eb = entries(name, scen)
             la, lb = (_link(ea), _link(eb)) if ea and eb else (None, None)
-            if la and lb and sa[name]["parent"] == sb[name]["parent"]:
+            if la and lb and sa[name].parent == sb[name].parent:
                 links[(name, scen)] = (lb[0] - la[0], math.sqrt(la[1] ** 2 + lb[1] ** 2))
     control: dict[str, float] = {}  # scenario -> |log| of stage 0's raw P50 change
-    source = sb[names[0]]["name"] if names and sb[names[0]]["index"] == 0 else None
+    source = sb[names[0]].name if names and sb[names[0]].index == 0 else None
     for scen in scenarios:
         ea, eb = entries(source, scen) if source else (None, None)
         if ea and eb:
-            control[scen] = abs(math.log(eb["latency"]["p50_ms"] / ea["latency"]["p50_ms"]))
+            control[scen] = abs(math.log(eb.latency.p50_ms / ea.latency.p50_ms))
     # Passes timed against stage 0 itself: their ratio moves with stage 0's own between-run change.
-    direct = {
-        n for n in names if source and sb[n].get("parent") and sb[sb[n]["parent"]].get("measured_against") == source
-    }
+    direct = {n for n in names if source and (up := sb[n].parent) and sb[up].measured_against == source}
     rows = []
     for scen in scenarios:
         for name in names:
@@ -130,13 +131,13 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             row: dict[str, Any] = {
                 "scenario": scen,
                 "stage": name,
-                "type": sb[name]["type"],
-                "status_a": sa[name]["status"],
-                "status_b": sb[name]["status"],
+                "type": sb[name].type,
+                "status_a": sa[name].status,
+                "status_b": sb[name].status,
             }
             if ea and eb:
-                raw = ea["latency"]["p50_ms"] / eb["latency"]["p50_ms"]
-                if (name, scen) in links and sb[name]["index"] > 0:
+                raw = ea.latency.p50_ms / eb.latency.p50_ms
+                if (name, scen) in links and sb[name].index > 0:
                     mu, sigma = links[(name, scen)]
                     tau = _between_runs({k: v[0] for k, v in links.items()}, name, direct)
                     widen = control.get(scen, 0.0) if name in direct else 0.0
@@ -148,38 +149,32 @@ def diff_reports(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 else:
                     low, high, verdict = _verdict(ea, eb)
                     ratio = raw
-                    basis = "raw P50 (the control, not judged)" if sb[name]["index"] == 0 else "raw P50"
-                    if sb[name]["index"] == 0:
+                    basis = "raw P50 (the control, not judged)" if sb[name].index == 0 else "raw P50"
+                    if sb[name].index == 0:
                         verdict = "control"
                 if verdict in ("faster", "slower") and abs(math.log(ratio)) < math.log1p(MIN_EFFECT):
                     verdict = "within noise"
                 row.update(
-                    p50_a=ea["latency"]["p50_ms"],
-                    p50_b=eb["latency"]["p50_ms"],
+                    p50_a=ea.latency.p50_ms,
+                    p50_b=eb.latency.p50_ms,
                     raw_ratio=raw,
                     ratio=ratio,
                     basis=basis,
                     low=low,
                     high=high,
                     verdict=verdict,
-                    vs_parent_a=(ea.get("vs_parent") or {}).get("ratio"),
-                    vs_parent_b=(eb.get("vs_parent") or {}).get("ratio"),
-                    vs_source_a=(sa[name].get("vs_source") or {}).get(scen),
-                    vs_source_b=(sb[name].get("vs_source") or {}).get(scen),
+                    vs_parent_a=ea.vs_parent.ratio if ea.vs_parent is not None else None,
+                    vs_parent_b=eb.vs_parent.ratio if eb.vs_parent is not None else None,
+                    vs_source_a=sa[name].vs_source.get(scen),
+                    vs_source_b=sb[name].vs_source.get(scen),
                 )
-                row.update(
-                    cosine_a=_accuracy(sa[name].get("metrics") or {}, metric),
-                    cosine_b=_accuracy(sb[name].get("metrics") or {}, metric),
-                )
+                row.update(cosine_a=_accuracy(sa[name].metrics, metric), cosine_b=_accuracy(sb[name].metrics, metric))
             rows.append(row)
-    final = next(
-        (n for n in reversed(names) if sa[n]["status"] in ("ran", "cached") and sb[n]["status"] in ("ran", "cached")),
-        None,
-    )
+    final = next((n for n in reversed(names) if sa[n].ok and sb[n].ok), None)
     totals = [r for r in rows if r["stage"] == final and "ratio" in r]
     return {
-        "a": {"run_dir": a.get("run_dir"), "created": a.get("created"), "recipe": a["recipe"]["name"]},
-        "b": {"run_dir": b.get("run_dir"), "created": b.get("created"), "recipe": b["recipe"]["name"]},
+        "a": {"run_dir": a.run_dir, "created": a.created, "recipe": a.recipe.name},
+        "b": {"run_dir": b.run_dir, "created": b.created, "recipe": b.recipe.name},
         "only_in_a": [n for n in sa if n not in sb],
         "only_in_b": [n for n in sb if n not in sa],
         "rows": rows,
@@ -234,14 +229,16 @@ def _cell(r: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _accuracy(metrics: dict[str, Any], metric: str | None = None) -> float | None:
+def _accuracy(metrics: StageMetrics | None, metric: str | None = None) -> float | None:
     """The accuracy figure a reader compares: the one the budget judges when the run names it (pooled cosine,
     top-1), greedy token agreement for generation (the logits cosine before the first divergence can stay high
     while the tokens differ), the cosine otherwise."""
-    first = next(iter((metrics.get("accuracy") or {}).values()), {})
-    if metric and first.get(metric) is not None and metric != "max_abs":
-        return first[metric]
-    return first.get("token_agreement", first.get("cosine"))
+    first = metrics.first_accuracy if metrics is not None else None
+    if first is None:
+        return None
+    if metric and metric != "max_abs" and (value := first.figure(metric)) is not None:
+        return value
+    return first.token_agreement if first.token_agreement is not None else first.cosine
 
 
 def to_markdown(d: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from optimizer.core.errors import OptimizerError
 from optimizer.engine.rundir import content_hash
+from optimizer.report.schema import RunReport, parse_report, read_report
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -81,44 +82,46 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def record(report: dict[str, Any], path: Path | None = None) -> int:
+def record(report: RunReport, path: Path | None = None) -> int:
     """Store a finished run; returns its id."""
     path = path or default_path()
-    model = report["recipe"]["model"]
+    model = report.recipe.model
     label = model.get("package") or model.get("path") or model.get("architecture") or model.get("target") or "?"
+    recipe = report.recipe.to_json()
     with _reading(path), closing(_connect(path)) as conn, conn:
         cur = conn.execute(
             "INSERT INTO runs (created, recipe, recipe_hash, model, device, outcome, run_dir, versions, report) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                report["created"],
-                report["recipe"]["name"],
-                content_hash(report["recipe"]),
+                report.created,
+                report.recipe.name,
+                content_hash(recipe),
                 f"{model['source']}:{label}",
-                report["settings"]["device"],
-                report["outcome"],
-                report["run_dir"],
-                json.dumps(report["environment"]["packages"]),
-                json.dumps(report),
+                report.settings.device,
+                report.outcome,
+                report.run_dir,
+                json.dumps(report.environment.packages),
+                json.dumps(report.to_json()),
             ),
         )
         run_id = int(cur.lastrowid or 0)
         rows = []
-        for st in report["stages"]:
-            m = st.get("metrics") or {}
-            acc = next(iter((m.get("accuracy") or {}).values()), {})
-            for scen, sm in (m.get("scenarios") or {}).items():
+        for st in report.stages:
+            if st.metrics is None:
+                continue
+            acc = st.metrics.first_accuracy
+            for scen, sm in st.metrics.scenarios.items():
                 rows.append(
                     (
                         run_id,
-                        st["name"],
+                        st.name,
                         scen,
-                        st["status"],
-                        sm["latency"]["p50_ms"],
-                        sm["latency"]["p99_ms"],
-                        (sm.get("vs_parent") or {}).get("ratio"),
-                        (st.get("vs_source") or {}).get(scen),
-                        acc.get("cosine"),
+                        st.status,
+                        sm.latency.p50_ms,
+                        sm.latency.p99_ms,
+                        sm.vs_parent.ratio if sm.vs_parent is not None else None,
+                        st.vs_source.get(scen),
+                        acc.cosine if acc is not None else None,
                     )
                 )
         conn.executemany("INSERT INTO stage_metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
@@ -140,39 +143,26 @@ def list_runs(path: Path | None = None, recipe: str | None = None, limit: int = 
         return [dict(zip(cols, row, strict=True)) for row in conn.execute(query, (*args, limit))]
 
 
-def _known_schema(report: Any, where: Path | str) -> dict[str, Any]:
-    """A report this version can read: a JSON object with a schema_version it knows."""
-    from optimizer.report.build import SCHEMA_VERSION
-
-    if not isinstance(report, dict) or "stages" not in report:
-        raise OptimizerError(f"{where}: not a run report (no stages)")
-    version = report.get("schema_version")
-    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise OptimizerError(
-            f"{where}: report schema_version {version} is not one this optimizer reads (1..{SCHEMA_VERSION}); "
-            "read it with the version that wrote it, or a newer one"
-        )
-    return report
-
-
-def load_report(ref: str, path: Path | None = None) -> dict[str, Any]:
-    """A report from a run folder, a report.json path, or a history id."""
+def load_report(ref: str, path: Path | None = None) -> RunReport:
+    """A report from a run folder, a report.json path, or a history id; any schema_version this optimizer knows
+    (report.schema.parse_report is the one reader: it upgrades version 1 and refuses versions it does not know)."""
     p = Path(ref)
     if p.is_dir():
         p = p / "report.json"
         if not p.is_file():
             raise OptimizerError(f"{ref}: no report.json in this folder (is it a run folder of a finished compile?)")
     if p.is_file():
-        try:
-            return _known_schema(json.loads(p.read_text()), p)
-        except (ValueError, OSError) as e:
-            raise OptimizerError(f"{p}: not a readable report ({e})") from None
+        return read_report(p)
     if ref.isdigit():
         db = path or default_path()
         if db.exists():
             with _reading(db), closing(_connect(db)) as conn:
                 row = conn.execute("SELECT report FROM runs WHERE id = ?", (int(ref),)).fetchone()
             if row:
-                return _known_schema(json.loads(row[0]), f"run {ref} in {db}")
+                try:
+                    data = json.loads(row[0])
+                except ValueError as e:
+                    raise OptimizerError(f"run {ref} in {db}: not a readable report ({e})") from None
+                return parse_report(data, f"run {ref} in {db}")
         raise OptimizerError(f"run {ref}: no such id in the run history {db}")
     raise OptimizerError(f"{ref}: neither a run folder, a report.json nor a run id")

@@ -17,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.report.build import columns, scenario_title, stage_rows
+from optimizer.core.metrics import StageMetrics
+from optimizer.core.stage import StageReport
+from optimizer.report.schema import RunReport
+from optimizer.report.tables import columns, scenario_title, stage_rows
 
 GREEN, RED, GREY, BLUE = "#2e9d58", "#d1495b", "#9aa5b1", "#3d7ec9"
 PALETTE = ["#3d7ec9", "#e08e0b", "#2e9d58", "#d1495b", "#8e5cc9", "#5cb6c9", "#c95c9f", "#9aa5b1", "#6b8e23"]
@@ -34,44 +37,48 @@ def _svg(width: int, height: int, body: list[str], title: str, kind: str) -> str
     )
 
 
-def _ok(st: dict[str, Any]) -> bool:
-    return st["status"] in ("ran", "cached") and bool(st.get("metrics"))
+def _measured(report: RunReport) -> list[tuple[StageReport, StageMetrics]]:
+    """(stage, its metrics) for the stages that ran and were measured."""
+    return [(s, m) for s in report.stages if s.ok and (m := s.metrics) is not None]
 
 
-def waterfall(report: dict[str, Any], scen: str) -> str:
-    stages = [s for s in report["stages"] if _ok(s) and scen in (s.get("vs_source") or {})]
+def waterfall(report: RunReport, scen: str) -> str:
+    stages = [s for s, _ in _measured(report) if scen in s.vs_source]
     if not stages:
         return ""
-    base = stages[0]["metrics"]["scenarios"][scen]["latency"]["p50_ms"]
-    attributed = {s["name"]: base / s["vs_source"][scen] for s in stages}
+    first = stages[0].scenario(scen)
+    assert first is not None  # a chained speedup in a scenario comes from its measurement there
+    base = first.latency.p50_ms
+    attributed = {s.name: base / s.vs_source[scen] for s in stages}
     top = max(attributed.values()) * 1.1
     row, left, width = 26, 170, 520
     body = []
     for i, st in enumerate(stages):
         y = 10 + i * row
-        own = attributed[st["name"]]
-        parent = attributed.get(st.get("parent") or "", own)
+        own = attributed[st.name]
+        parent = attributed.get(st.parent or "", own)
         lo, hi = sorted((own, parent))
         x0, x1 = left + lo / top * width, left + hi / top * width
-        vs = st["metrics"]["scenarios"][scen].get("vs_parent") or {}
+        sm = st.scenario(scen)
+        vs = sm.vs_parent if sm is not None else None
         color = (
             BLUE
-            if st["index"] == 0
+            if st.index == 0
             else GREY
-            if vs.get("verdict") == "within noise"
+            if vs is not None and vs.verdict == "within noise"
             else GREEN
             if own < parent
             else RED
         )
-        if st["index"] == 0:
+        if st.index == 0:
             x0 = left
-        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_esc(st["name"])}</text>')
+        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_esc(st.name)}</text>')
         body.append(
             f'<rect class="bar" x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 1.5):.1f}" height="16" '
-            f'fill="{color}"><title>{_esc(st["name"])}: {own:.2f} ms</title></rect>'
+            f'fill="{color}"><title>{_esc(st.name)}: {own:.2f} ms</title></rect>'
         )
         delta = own - parent
-        label = f"{own:.2f} ms" if st["index"] == 0 else f"{own:.2f} ms ({delta:+.2f})"
+        label = f"{own:.2f} ms" if st.index == 0 else f"{own:.2f} ms ({delta:+.2f})"
         body.append(f'<text x="{x1 + 6:.1f}" y="{y + 15}" font-size="11">{label}</text>')
     height = 20 + len(stages) * row
     return _svg(
@@ -84,15 +91,14 @@ def waterfall(report: dict[str, Any], scen: str) -> str:
     )
 
 
-def boxplots(report: dict[str, Any], scen: str) -> str:
-    stages = [s for s in report["stages"] if _ok(s) and s["metrics"]["scenarios"].get(scen, {}).get("samples_ms")]
-    if not stages:
+def boxplots(report: RunReport, scen: str) -> str:
+    timed = [(s.name, sm.samples_ms) for s, m in _measured(report) if (sm := m.scenarios.get(scen)) and sm.samples_ms]
+    if not timed:
         return ""
     stats = []
-    for st in stages:
-        xs = st["metrics"]["scenarios"][scen]["samples_ms"]
+    for name, xs in timed:
         q = [float(v) for v in np.percentile(xs, [0, 25, 50, 75, 99])]  # as LatencyStats computes them
-        stats.append((st["name"], q))
+        stats.append((name, q))
     top = max(q[4] for _, q in stats) * 1.08
     row, left, width = 26, 170, 520
     body = []
@@ -119,24 +125,23 @@ def boxplots(report: dict[str, Any], scen: str) -> str:
     )
 
 
-def op_breakdown(report: dict[str, Any]) -> str:
-    stages = [s for s in report["stages"] if _ok(s) and s["metrics"].get("op_time_ms")]
+def op_breakdown(report: RunReport) -> str:
+    stages = [(s.name, m.op_time_ms) for s, m in _measured(report) if m.op_time_ms]
     if not stages:
         return ""
     totals: dict[str, float] = {}
-    for st in stages:
-        for op, t in st["metrics"]["op_time_ms"].items():
+    for _, times in stages:
+        for op, t in times.items():
             totals[op] = totals.get(op, 0.0) + t
     ops = [op for op, _ in sorted(totals.items(), key=lambda kv: -kv[1])][: len(PALETTE) - 1]
     color = {op: PALETTE[i] for i, op in enumerate(ops)}
-    top = max(sum(s["metrics"]["op_time_ms"].values()) for s in stages) * 1.05
+    top = max(sum(times.values()) for _, times in stages) * 1.05
     row, left, width = 26, 170, 520
     body = []
-    for i, st in enumerate(stages):
+    for i, (name, times) in enumerate(stages):
         y = 10 + i * row
         x = float(left)
-        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_esc(st["name"])}</text>')
-        times = st["metrics"]["op_time_ms"]
+        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_esc(name)}</text>')
         other = sum(t for op, t in times.items() if op not in color)
         for op, t in [*((op, times.get(op, 0.0)) for op in ops), ("other", other)]:
             w = t / top * width
@@ -157,8 +162,8 @@ def op_breakdown(report: dict[str, Any]) -> str:
             f'<text x="{lx + 14}" y="{ly + 9}" font-size="11">{_esc(op)}</text>'
         )
     height = legend_y + 16 * ((len(ops) + 1) // 4 + 1) + 10
-    scen = report["scenarios"][0]["name"]
-    generation = report["recipe"].get("workload") == "generation"
+    scen = report.scenarios[0].name
+    generation = report.recipe.workload == "generation"
     return _svg(
         left + width + 120,
         height,
@@ -168,29 +173,29 @@ def op_breakdown(report: dict[str, Any]) -> str:
     )
 
 
-def accuracy_chart(report: dict[str, Any]) -> str:
-    stages = [s for s in report["stages"] if _ok(s) and s["metrics"].get("accuracy")]
+def accuracy_chart(report: RunReport) -> str:
+    stages = [(s.name, m) for s, m in _measured(report) if m.accuracy]
     if not stages:
         return ""
-    budget = report["settings"]["accuracy"]
+    budget = report.settings.accuracy
     row, left, width, cap = 26, 170, 420, 12.0
 
     def digits(cos: float) -> float:
         return min(cap, -math.log10(max(1.0 - cos, 10**-cap)))
 
     body = []
-    for i, st in enumerate(stages):
+    for i, (name, m) in enumerate(stages):
         y = 10 + i * row
-        cos = next(iter(st["metrics"]["accuracy"].values()))["cosine"]
+        cos = next(iter(m.accuracy.values())).cosine
         d = digits(cos)
-        fill = GREEN if st["metrics"].get("within_budget") else RED
-        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_esc(st["name"])}</text>')
+        fill = GREEN if m.within_budget else RED
+        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_esc(name)}</text>')
         body.append(
             f'<rect class="bar" x="{left}" y="{y + 3}" width="{max(d / cap * width, 1):.1f}" height="16" '
             f'fill="{fill}"><title>cosine {cos:.9f}</title></rect>'
         )
         body.append(f'<text x="{left + d / cap * width + 6:.1f}" y="{y + 15}" font-size="11">cosine {cos:.6f}</text>')
-    metric = report["settings"].get("accuracy_metric") or budget.get("metric") or "cosine"
+    metric = report.settings.accuracy_metric or budget.get("metric") or "cosine"
     if metric == "cosine" and budget.get("min") is not None:
         bx = left + digits(budget["min"]) / cap * width
         body.append(
@@ -207,38 +212,39 @@ def accuracy_chart(report: dict[str, Any]) -> str:
     )
 
 
-def sweep_chart(report: dict[str, Any]) -> str:
+def sweep_chart(report: RunReport) -> str:
     """Throughput bars per batch size, each labelled with its P99; the recommended batches marked."""
-    sweep = report.get("batch_sweep") or {}
-    rows = sweep.get("rows") or []
-    if not rows:
+    sweep = report.batch_sweep
+    if sweep is None or not sweep.rows:
         return ""
-    top = max(r["samples_per_s"] for r in rows) * 1.1
+    rows = sweep.rows
+    top = max(r.samples_per_s for r in rows) * 1.1
     row, left, width = 26, 90, 480
+    budget = sweep.latency_budget_ms if sweep.latency_budget_ms is not None else float("inf")
     body = []
     for i, r in enumerate(rows):
         y = 10 + i * row
-        w = r["samples_per_s"] / top * width
-        within = r["p99_ms"] <= sweep.get("latency_budget_ms", float("inf"))
-        mark = " max" if r["batch"] == sweep.get("max_batch") else ""
-        mark += " preferred" if r["batch"] == sweep.get("preferred_batch") else ""
-        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">batch {r["batch"]}</text>')
+        w = r.samples_per_s / top * width
+        within = r.p99_ms <= budget
+        mark = " max" if r.batch == sweep.max_batch else ""
+        mark += " preferred" if r.batch == sweep.preferred_batch else ""
+        body.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end" font-size="12">batch {r.batch}</text>')
         body.append(
             f'<rect class="bar" x="{left}" y="{y + 3}" width="{max(w, 1):.1f}" height="16" '
-            f'fill="{GREEN if within else RED}"><title>{r["samples_per_s"]:.1f} samples/s</title></rect>'
+            f'fill="{GREEN if within else RED}"><title>{r.samples_per_s:.1f} samples/s</title></rect>'
         )
         body.append(
-            f'<text x="{left + w + 6:.1f}" y="{y + 15}" font-size="11">{r["samples_per_s"]:.1f}/s, '
-            f"P99 {r['p99_ms']:.1f} ms{mark}</text>"
+            f'<text x="{left + w + 6:.1f}" y="{y + 15}" font-size="11">{r.samples_per_s:.1f}/s, '
+            f"P99 {r.p99_ms:.1f} ms{mark}</text>"
         )
     title = (
-        f"Batch sweep of {sweep['stage']}: throughput per batch (green: P99 within "
-        f"{sweep.get('latency_budget_ms')} ms). {sweep.get('why', '')}"
+        f"Batch sweep of {sweep.stage}: throughput per batch (green: P99 within "
+        f"{sweep.latency_budget_ms} ms). {sweep.why}"
     )
     return _svg(left + width + 220, 20 + len(rows) * row, body, title, "sweep")
 
 
-def _table(report: dict[str, Any], scen: str) -> str:
+def _table(report: RunReport, scen: str) -> str:
     cols = columns(report)
     head = "".join(f"<th>{_esc(h)}</th>" for _, h in cols)
     rows = "".join(
@@ -254,28 +260,28 @@ td,th{border:1px solid #ddd;padding:3px 6px;text-align:right}td:first-child,th:f
 .findings li{color:#9b2c2c}.meta{font-size:12px;color:#555}"""
 
 
-def to_html(report: dict[str, Any]) -> str:
+def to_html(report: RunReport) -> str:
     r = report
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(r['recipe']['name'])}</title>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(r.recipe.name)}</title>"
         f"<style>{CSS}</style></head><body>",
-        f"<h1>{_esc(r['recipe']['name'])}: {_esc(r['outcome'])}</h1>",
-        f"<p class='meta'>{_esc(r['created'])} &middot; {_esc(r['settings']['device'])}, "
-        f"{r['settings']['threads']} threads, {_esc(r['environment']['cpu'])} &middot; "
-        f"{_esc(', '.join(f'{k} {v}' for k, v in r['environment']['packages'].items()))}</p>",
+        f"<h1>{_esc(r.recipe.name)}: {_esc(r.outcome)}</h1>",
+        f"<p class='meta'>{_esc(r.created)} &middot; {_esc(r.settings.device)}, "
+        f"{r.settings.threads} threads, {_esc(r.environment.cpu)} &middot; "
+        f"{_esc(', '.join(f'{k} {v}' for k, v in r.environment.packages.items()))}</p>",
     ]
-    if (r.get("best") or {}).get("stage"):
-        why = re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(r["best"]["why"]))  # the sentence is written for markdown
+    if r.best is not None and r.best.stage:
+        why = re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(r.best.why))  # the sentence is written for markdown
         parts.append(f"<p><b>Best stage</b>: {why}.</p>")
-    if r.get("findings"):
+    if r.findings:
         parts.append(
-            "<h2>Findings</h2><ul class='findings'>" + "".join(f"<li>{_esc(f)}</li>" for f in r["findings"]) + "</ul>"
+            "<h2>Findings</h2><ul class='findings'>" + "".join(f"<li>{_esc(f)}</li>" for f in r.findings) + "</ul>"
         )
-    for scen in r["scenarios"]:
-        name = scen["name"]
+    for scen in r.scenarios:
+        name = scen.name
         parts.append(f"<h2>Scenario {_esc(scenario_title(r, scen))}</h2>")
         parts += [waterfall(r, name), boxplots(r, name), _table(r, name)]
-    if (r.get("batch_sweep") or {}).get("rows"):
+    if r.batch_sweep is not None and r.batch_sweep.rows:
         parts += ["<h2>Batch sweep</h2>", sweep_chart(r)]
     ops = op_breakdown(r)
     parts += [

@@ -21,6 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from optimizer.core.metrics import StageMetrics
+from optimizer.core.stage import StageReport
+from optimizer.measure.best import best_stage
+from optimizer.report.schema import RunReport
+
 PRESETS: dict[str, dict[str, float]] = {
     # Seed 1: Performance Score = (1/Avg Latency) x 40% + (Throughput/Baseline) x 30% + (Accuracy/Baseline) x 30%
     "seed-latency": {"latency": 0.4, "throughput": 0.3, "accuracy": 0.3},
@@ -48,13 +53,14 @@ def parse_weights(text: str) -> dict[str, float]:
     return weights
 
 
-def deployability(stage: dict[str, Any]) -> float:
-    kind = (stage.get("artifact") or {}).get("kind")
+def deployability(stage: StageReport) -> float:
+    kind = stage.artifact.kind if stage.artifact is not None else None
     if kind == "torch":
         return 0.25
     if kind == "trt_engine":
         return 0.5
-    ops = ((stage.get("metrics") or {}).get("graph") or {}).get("op_types", {})
+    graph = stage.metrics.graph if stage.metrics is not None else None
+    ops = graph.op_types if graph is not None else {}
     if any(op in ops for op in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul")):
         return 0.5
     if any("." in op and not op.startswith("ai.onnx.") for op in ops):  # a non-standard domain
@@ -62,61 +68,62 @@ def deployability(stage: dict[str, Any]) -> float:
     return 1.0
 
 
-def _accuracy(stage: dict[str, Any], metric: str) -> float:
-    acc = next(iter(((stage.get("metrics") or {}).get("accuracy") or {}).values()), {})
-    value = acc.get(metric if metric != "max_abs" else "cosine")
-    return float(value) if value is not None else float(acc.get("cosine", 0.0))
+def _accuracy(stage: StageReport, metric: str) -> float:
+    acc = stage.metrics.first_accuracy if stage.metrics is not None else None
+    if acc is None:
+        return 0.0
+    value = acc.figure(metric if metric != "max_abs" else "cosine")
+    return value if value is not None else acc.cosine
 
 
-def terms(report: dict[str, Any], stage: dict[str, Any], scenario: str) -> dict[str, float] | None:
-    source = report["stages"][0]
-    m, m0 = stage.get("metrics") or {}, source.get("metrics") or {}
-    s, s0 = (m.get("scenarios") or {}).get(scenario), (m0.get("scenarios") or {}).get(scenario)
-    if not s or not s0:
+def _footprint(m: StageMetrics) -> float:
+    return max(float(m.memory_mb or 0.0), float(m.size_bytes or 0) / 2**20, 1.0)
+
+
+def terms(report: RunReport, stage: StageReport, scenario: str) -> dict[str, float] | None:
+    source = report.stages[0]
+    s, s0 = stage.scenario(scenario), source.scenario(scenario)
+    m, m0 = stage.metrics, source.metrics
+    if s is None or s0 is None or m is None or m0 is None:
         return None
-    metric = report["settings"].get("accuracy_metric") or report["settings"]["accuracy"].get("metric") or "cosine"
-    tp_key = "tokens_per_s" if "tokens_per_s" in s["throughput"] and "ttft" in s else "samples_per_s"
-
-    def footprint(mm: dict[str, Any]) -> float:
-        return max(float(mm.get("memory_mb") or 0.0), float(mm.get("size_bytes") or 0) / 2**20, 1.0)
-
-    vs0 = (stage.get("vs_source") or {}).get(scenario)
-    tp0 = (stage.get("throughput_vs_source") or {}).get(scenario)
+    metric = report.settings.accuracy_metric or report.settings.accuracy.get("metric") or "cosine"
+    generation = s.throughput.tokens_per_s is not None and s.ttft is not None
+    tp, tp_0 = (
+        (s.throughput.tokens_per_s, s0.throughput.tokens_per_s)
+        if generation
+        else (s.throughput.samples_per_s, s0.throughput.samples_per_s)
+    )
+    vs0 = stage.vs_source.get(scenario)
+    tp0 = stage.throughput_vs_source.get(scenario)
     return {
-        "latency": vs0 if vs0 else s0["latency"]["p50_ms"] / s["latency"]["p50_ms"],
-        "throughput": tp0 if tp0 else s["throughput"][tp_key] / s0["throughput"][tp_key],
+        "latency": vs0 if vs0 else s0.latency.p50_ms / s.latency.p50_ms,
+        "throughput": tp0 if tp0 else tp / tp_0,  # type: ignore[operator]
         "accuracy": _accuracy(stage, metric),
-        "memory": footprint(m0) / footprint(m),
-        "size": float(m0.get("size_bytes") or 1) / float(m.get("size_bytes") or 1),
+        "memory": _footprint(m0) / _footprint(m),
+        "size": float(m0.size_bytes or 1) / float(m.size_bytes or 1),
         "deployability": deployability(stage),
     }
 
 
-def rank(report: dict[str, Any], weights: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
+def rank(report: RunReport, weights: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
     """scenario -> stages sorted by score (best first), each with its terms and budget verdict."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for scen in (s["name"] for s in report["scenarios"]):
+    for scen in report.scenario_names:
         rows = []
-        for st in report["stages"]:
-            if st["status"] not in ("ran", "cached"):
+        for st in report.stages:
+            if not st.ok:
                 continue
             t = terms(report, st, scen)
             if t is None:
                 continue
             score = sum(w * t[k] for k, w in weights.items())
-            rows.append(
-                {
-                    "stage": st["name"],
-                    "score": score,
-                    "terms": t,
-                    "within_budget": bool((st.get("metrics") or {}).get("within_budget", True)),
-                }
-            )
+            within = st.metrics.within_budget if st.metrics is not None else True
+            rows.append({"stage": st.name, "score": score, "terms": t, "within_budget": within})
         out[scen] = sorted(rows, key=lambda r: -r["score"])
     return out
 
 
-def recommend(report: dict[str, Any], weights: dict[str, float]) -> tuple[str | None, list[str]]:
+def recommend(report: RunReport, weights: dict[str, float]) -> tuple[str | None, list[str]]:
     """The stage to deploy (best mean score over scenarios among stages within budget) and why, in a few lines."""
     ranking = rank(report, weights)
     totals: dict[str, list[float]] = {}
@@ -136,9 +143,7 @@ def recommend(report: dict[str, Any], weights: dict[str, float]) -> tuple[str | 
     ]
     if len(ordered) > 1:
         lines.append(f"Next: `{ordered[1][0]}` at {ordered[1][1]:.3f}.")
-    from optimizer.measure.best import best_stage
-
-    fastest, why = best_stage(report)
+    fastest, why = best_stage(report.stages, report.scenario_names)
     if fastest is not None:
         lines.append(f"Fastest within budget (what `export --stage best` and the batch sweep take): {why}.")
     for scen, rows in ranking.items():

@@ -192,22 +192,3 @@ class OrtBoundGenerator(OrtGenerator):
         session.run_with_iobinding(binding)
         logits, *present = binding.get_outputs()
         return logits.numpy(), present
-
-
-def agreement(reference: Generation, got: Generation) -> dict[str, float]:
-    """Greedy token agreement over the generated sequence, and the logits cosine step by step (the lowest, and
-    the lowest before the first disagreement, after which the two runs see different contexts)."""
-    same = reference.tokens == got.tokens
-    first_diff = int(np.argmin(same.all(0))) if not same.all() else same.shape[1]
-    cos = []
-    for a, b in zip(reference.step_logits, got.step_logits, strict=True):
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        num = (a64 * b64).sum(-1)
-        den = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1) + 1e-30
-        cos.append(float((num / den).min()))
-    return {
-        "token_agreement": float(same.mean()),
-        "first_disagreement": first_diff,
-        "logits_cosine_min": min(cos),
-        "logits_cosine_before_divergence": min(cos[: max(first_diff, 1)]),
-    }

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from passes.fuse.graph import MS, RuleReport, const, const_tensor, name_of, producer, scalar, variable
+from passes.fuse.graph import MS, const, const_tensor, name_of, producer, scalar, variable
+from passes.fuse.rule import RuleReport
 
 NEG_THRESHOLD = -1e4  # additive mask entries at or below this count as "masked"
 

@@ -6,15 +6,12 @@ import onnx_graphsurgeon as gs
 
 from passes.fuse.attention import Decline, find_blocks, mask_index_for, rewrite, validate
 from passes.fuse.context import RuleContext
-from passes.fuse.graph import RuleReport
 from passes.fuse.probe import mask_input_name
+from passes.fuse.rule import RuleReport
 
 
 def fuse_attention(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
-    if not ctx.contrib_ok:
-        report.misses.append(f"attention: com.microsoft.Attention is not available for target {ctx.target}")
-        return report
     mask_name = mask_input_name(graph)
     pad = ctx.feed.get(mask_name) if mask_name else None
     mask_index = None

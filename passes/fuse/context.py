@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-Target = Literal["cpu", "cuda", "tensorrt"]
+from passes.fuse.rule import CONTRIB_TARGETS, Target
 
 
 @dataclass
@@ -28,5 +27,5 @@ class RuleContext:
 
     @property
     def contrib_ok(self) -> bool:
-        """ORT contrib ops (com.microsoft) run on ORT's CPU and CUDA EPs, not in TensorRT."""
-        return self.target in ("cpu", "cuda")
+        """Whether a rule may write com.microsoft ops for this target (GELU picks its op by this)."""
+        return self.target in CONTRIB_TARGETS

@@ -14,7 +14,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from passes.fuse.context import RuleContext
-from passes.fuse.graph import MS, RuleReport, const, const_tensor, name_of
+from passes.fuse.graph import MS, const, const_tensor, name_of
+from passes.fuse.rule import RuleReport
 
 
 def _only_consumer(t: gs.Tensor, op: str) -> gs.Node | None:
@@ -56,9 +57,6 @@ def fold_conv_bn(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
 
 def fuse_conv_activation(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
-    if ctx.target != "cpu":
-        report.misses.append(f"conv-activation: FusedConv is a CPU kernel; target {ctx.target} fuses this itself")
-        return report
     for conv in [n for n in graph.nodes if n.op == "Conv" and n.domain in ("", None)]:
         out, z = conv.outputs[0], None
         add = _only_consumer(out, "Add")

@@ -16,7 +16,8 @@ import math
 import onnx_graphsurgeon as gs
 
 from passes.fuse.context import RuleContext
-from passes.fuse.graph import MS, RuleReport, close_to, const, name_of, other_input, producer
+from passes.fuse.graph import MS, close_to, const, name_of, other_input, producer
+from passes.fuse.rule import RuleReport
 
 SQRT2 = math.sqrt(2.0)
 TANH_C = math.sqrt(2.0 / math.pi)
@@ -83,15 +84,13 @@ def _tanh_input(tanh: gs.Node) -> gs.Tensor | None:
     return None
 
 
-def _emit(graph: gs.Graph, ctx: RuleContext, name: str, x: gs.Tensor, out: gs.Tensor, tanh: bool) -> bool:
+def _gelu_op(ctx: RuleContext, tanh: bool) -> tuple[str, dict[str, str], str | None] | None:
+    """(op, attrs, domain) of the GELU node for this target and opset, or None where there is none."""
     if ctx.contrib_ok:
-        node = gs.Node("FastGelu" if tanh else "Gelu", f"{name}_Gelu", {}, [x], [out], domain=MS)
-    elif ctx.opset >= 20:
-        node = gs.Node("Gelu", f"{name}_Gelu", {"approximate": "tanh" if tanh else "none"}, [x], [out])
-    else:
-        return False
-    graph.nodes.append(node)
-    return True
+        return ("FastGelu" if tanh else "Gelu"), {}, MS
+    if ctx.opset >= 20:
+        return "Gelu", {"approximate": "tanh" if tanh else "none"}, None
+    return None
 
 
 def fuse_gelu(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
@@ -105,19 +104,19 @@ def fuse_gelu(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
                 f"gelu at {name_of(node)}: not 0.5 * x * (1 + {node.op.lower()}(...)) of the expected form"
             )
             continue
-        out.inputs[0].outputs.clear()
-        if _emit(graph, ctx, name_of(node), x, out, node.op == "Tanh"):
-            report.fused += 1
-        else:
+        gelu = _gelu_op(ctx, node.op == "Tanh")
+        if gelu is None:  # decided before detaching `out`, so a declined place keeps its decomposed form
             report.misses.append(f"gelu at {name_of(node)}: opset {ctx.opset} < 20 has no Gelu for {ctx.target}")
+            continue
+        op, attrs, domain = gelu
+        out.inputs[0].outputs.clear()
+        graph.nodes.append(gs.Node(op, f"{name_of(node)}_Gelu", attrs, [x], [out], domain=domain))
+        report.fused += 1
     return report
 
 
 def fuse_bias_gelu(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
-    if not ctx.contrib_ok:
-        report.misses.append(f"bias-gelu: not used for target {ctx.target}")
-        return report
     for gelu in [n for n in graph.nodes if n.op in ("Gelu", "FastGelu")]:
         is_onnx = gelu.domain in ("", None)
         tanh = gelu.op == "FastGelu" or (is_onnx and gelu.attrs.get("approximate", "none") == "tanh")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from passes.fuse.context import RuleContext
-from passes.fuse.graph import RuleReport, const, name_of, producer
+from passes.fuse.graph import const, name_of, producer
+from passes.fuse.rule import RuleReport
 
 
 def fuse_gemm(graph: gs.Graph, ctx: RuleContext) -> RuleReport:

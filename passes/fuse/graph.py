@@ -8,28 +8,12 @@ DSL whose failures are silent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 MS = "com.microsoft"
-
-
-@dataclass
-class RuleReport:
-    """What one rule did: how many fusions, and the places it looked at and declined, with the reason."""
-
-    fused: int = 0
-    misses: list[str] = field(default_factory=list)
-    details: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"fused": self.fused, "not_fused": self.misses}
-        if self.details:
-            d["details"] = self.details
-        return d
 
 
 def producer(t: gs.Tensor | None, op: str | tuple[str, ...] | None = None) -> gs.Node | None:

@@ -16,7 +16,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from passes.fuse.context import RuleContext
-from passes.fuse.graph import MS, RuleReport, close_to, const, is_output, name_of, producer, scalar
+from passes.fuse.graph import MS, close_to, const, is_output, name_of, producer, scalar
+from passes.fuse.rule import RuleReport
 
 
 def _axes(node: gs.Node) -> list[int] | None:
@@ -86,9 +87,6 @@ def fuse_layernorm(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
 
 def fuse_skip_layernorm(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
-    if not ctx.contrib_ok:
-        report.misses.append(f"skip-layernorm: not used for target {ctx.target} (kept standard LayerNormalization)")
-        return report
     for ln in [n for n in graph.nodes if n.op == "LayerNormalization" and n.domain in ("", None)]:
         add = producer(ln.inputs[0], "Add")
         if add is None or len(ln.inputs) < 3 or const(ln.inputs[1]) is None or const(ln.inputs[2]) is None:

@@ -59,7 +59,7 @@ def run_probe(graph: gs.Graph, recipe: Recipe) -> tuple[dict[str, np.ndarray], d
 
 def probe_values(graph: gs.Graph, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Evaluate the graph on `feed` with every intermediate tensor as an extra output."""
-    import onnxruntime as ort
+    from optimizer.runtime.sessions import ort_session
 
     g = graph.copy()
     extra = [
@@ -72,16 +72,14 @@ def probe_values(graph: gs.Graph, feed: dict[str, np.ndarray]) -> dict[str, np.n
         t.shape = None  # a probe at another shape must not trip over recorded static shapes
     model = gs.export_onnx(g)
     _add_contrib_opset(model)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
     with tempfile.TemporaryDirectory() as tmp:
         if onnx_io.needs_external_data(model):  # too big for one in-memory message
             onnx_io.save(model, Path(tmp) / "probe.onnx")
-            source: Any = str(Path(tmp) / "probe.onnx")
+            source: Any = Path(tmp) / "probe.onnx"
         else:
             source = model.SerializeToString()
-        session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+        # Optimizations off (the probe reads the graph's own tensors); threads 0: ORT's default.
+        session = ort_session(source, {"graph_optimization_level": "disable_all"}, 0)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, {i.name: feed[i.name] for i in session.get_inputs()}), strict=True))
 

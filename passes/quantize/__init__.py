@@ -16,7 +16,7 @@ from pydantic import Field
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
-from optimizer.measure.accuracy import recipe_metric
+from optimizer.recipe.schema import recipe_metric
 from passes.quantize.modes import DEFAULT_OPS
 
 
@@ -70,14 +70,14 @@ class QuantizePass(Pass):
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
-        if artifact.meta.get("decode") and cfg.mode not in ("int8_dynamic", "fp16"):
+        if artifact.decode and cfg.mode not in ("int8_dynamic", "fp16"):
             return f"{cfg.mode} on generation graphs is not supported yet (int8_dynamic and fp16 are)"
         if cfg.mode == "hybrid" and ctx.recipe.target.device != "cpu":
             return "hybrid INT8/FP16 for CUDA is not implemented yet (the CPU search uses FP32 as high precision)"
         return super().skip_reason(artifact, ctx)
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        if artifact.meta.get("decode"):
+        if artifact.decode:
             return self._run_generation(artifact, ctx)
         return self._run_one(artifact, ctx)
 
@@ -92,24 +92,19 @@ class QuantizePass(Pass):
         assert decode is not None and artifact.path is not None
         sub = ctx.stage_dir / "decode_part"
         sub.mkdir()
-        part = PassContext(ctx.recipe, ctx.stage_name, sub, ctx.feeds, ctx.done, ctx.progress)
-        meta = {k: v for k, v in artifact.meta.items() if k not in ("decode", "decode_external_data")}
-        d = self._run_one(Artifact("onnx", decode, artifact.runtime, meta), part)
-        p = self._run_one(Artifact("onnx", artifact.path, artifact.runtime, meta), ctx)
+        part = ctx.fork(sub)
+        single = artifact.derive(decode=None, decode_external_data=[])
+        d = self._run_one(single.derive(path=decode), part)
+        p = self._run_one(single, ctx)
         assert d.artifact.path is not None and p.artifact.path is not None
         graphs = {p.artifact.path.name: onnx_io.load(p.artifact.path), "decode.onnx": onnx_io.load(d.artifact.path)}
         shutil.rmtree(sub)
         for f in p.artifact.files():
             f.unlink()
         shared = onnx_io.save_shared(graphs, ctx.stage_dir)
-        out_meta = {
-            **p.artifact.meta,
-            "external_data": shared,
-            "decode": "decode.onnx",
-            "layers": artifact.meta["layers"],
-            "decode_external_data": [],
-        }
-        out = Artifact("onnx", p.artifact.path, p.artifact.runtime, out_meta)
+        out = p.artifact.derive(
+            external_data=shared, decode="decode.onnx", layers=artifact.layers, decode_external_data=[]
+        )
         return PassResult(out, modified=True, notes={"prefill": dict(p.notes), "decode": dict(d.notes)})
 
     def _run_one(self, artifact: Artifact, ctx: PassContext) -> PassResult:
@@ -150,7 +145,7 @@ class QuantizePass(Pass):
         except PassError:
             raise
         except Exception as e:
-            raise PassError(ctx.stage_name, f"{cfg.mode} quantization failed: {e}", ctx.done) from e
+            raise PassError(f"{cfg.mode} quantization failed: {e}") from e
         finally:
             if src != artifact.path:
                 src.unlink(missing_ok=True)
@@ -172,7 +167,7 @@ class QuantizePass(Pass):
         for leftover in ctx.stage_dir.glob("*.data"):
             leftover.unlink()
         external = onnx_io.save(full, dst)
-        out = Artifact("onnx", dst, dict(artifact.runtime), {**artifact.meta, "external_data": external})
+        out = artifact.derive(path=dst, external_data=external)
         return PassResult(out, modified=True, notes=notes)
 
     def _named_input(self, artifact: Artifact, ctx: PassContext):  # type: ignore[no-untyped-def]
@@ -209,7 +204,7 @@ class QuantizePass(Pass):
         graph_only = onnx_io.load(src, with_weights=False)
         scopes = onnx_io.node_scopes(graph_only)
         nodes = [n for n in modes.quantizable_nodes(graph_only, cfg.op_types) if n not in cfg.exclude_nodes]
-        evaluator = hybrid.Evaluator(src, feeds, timing_feeds, ctx.recipe, artifact.runtime, metric)
+        evaluator = hybrid.Evaluator(src, feeds, timing_feeds, ctx, artifact.runtime, metric)
         state = hybrid.Search(
             budget=budget,
             margin=cfg.hybrid.margin,
@@ -218,9 +213,7 @@ class QuantizePass(Pass):
         )
         work = ctx.stage_dir / "search"
         work.mkdir()
-        chosen = hybrid.search(
-            src, work, nodes, evaluator, state, cfg.per_channel, cfg.op_types, progress, ctx.recipe.benchmark
-        )
+        chosen = hybrid.search(src, work, nodes, evaluator, state, cfg.per_channel, cfg.op_types, progress)
         if chosen:
             shutil.copyfile(work / "chosen.onnx", dst)
         else:

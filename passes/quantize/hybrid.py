@@ -2,12 +2,12 @@
 
 Accuracy: sensitivity of node n = 1 - cosine(output of the input graph, output with only n quantized to INT8) on
 the calibration inputs (never on the inputs the stage is judged on), through the one accuracy implementation
-(optimizer/accuracy.py): positions the attention mask drops are not compared, so no node is kept in FP32 to
+(ctx.check): positions the attention mask drops are not compared, so no node is kept in FP32 to
 protect padding. Nodes are quantized least sensitive first; bisection finds the largest k whose quantized model
 keeps the judged cosine at or above the budget plus a margin (each step a real quantized model).
 
 Speed: more INT8 is not always faster (each quantized op adds quantize/dequantize work), so a ladder of sets up
-to that k is timed with the harness (optimizer/benchmark.py), each interleaved with the FP32 input graph, giving
+to that k is timed with the harness (ctx.time), each interleaved with the FP32 input graph, giving
 a speedup with its 95% interval. The chosen set is the smallest one whose speed is within `speed_tolerance` of
 the fastest at 95% confidence: INT8 nodes stop being added when what they buy is within noise. Every point
 (k, cosines, speedup and its interval, P50s) is saved in hybrid_search.json. With `choose: most_int8` the
@@ -26,11 +26,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.core.artifact import Artifact
-from optimizer.measure.accuracy import compare, mask_of
-from optimizer.measure.harness import Timed, measure
-from optimizer.measure.stats import LatencyStats, speedup
-from optimizer.recipe.schema import BenchmarkSettings, Recipe
-from optimizer.runtime.runners.ort_runner import OrtRunner
+from optimizer.core.pass_base import PassContext
 from passes.quantize.modes import int8_dynamic
 
 
@@ -47,65 +43,53 @@ class Search:
 
 
 class Evaluator:
-    """Runs candidate models on the search inputs, compares the judged output with the input graph's (kept
-    positions only), and times candidates against the input graph with the harness."""
+    """Runs candidate models on the search inputs and compares the judged output with the input graph's (kept
+    positions only) through ctx.check; times candidates against the input graph through ctx.time."""
 
     def __init__(
         self,
         src: Path,
         feeds: list[dict[str, np.ndarray]],
         timing_feeds: list[dict[str, np.ndarray]],
-        recipe: Recipe,
+        ctx: PassContext,
         runtime: dict[str, Any],
         metric: str = "cosine",
     ) -> None:
         self.src, self.feeds, self.timing_feeds = src, feeds, timing_feeds
-        self.recipe, self.runtime, self.metric = recipe, runtime, metric
-        with self._load(src) as session:
+        self.ctx, self.runtime, self.metric = ctx, runtime, metric
+        with ctx.session(self._artifact(src)) as session:
             names = session.output_names
-            self.names = names
-            output = recipe.accuracy.output
+            output = ctx.recipe.accuracy.output
             self.index = names.index(output) if output in names else 0
             self.reference = [session.to_numpy(session.run(session.prepare(f))) for f in feeds]
 
-    def _load(self, path: Path) -> Any:
-        return OrtRunner(Artifact("onnx", path, dict(self.runtime), {}), self.recipe, device="cpu").load()
+    def _artifact(self, path: Path) -> Artifact:
+        return Artifact("onnx", path, dict(self.runtime))
 
     def accuracy(self, path: Path) -> dict[str, float]:
-        """The judged output's worst and mean per-sample cosine (or pooled cosine) over the search inputs."""
-        worst, values = 1.0, []
-        with self._load(path) as session:
-            for ref, f in zip(self.reference, self.feeds, strict=True):
-                got = session.to_numpy(session.run(session.prepare(f)))
-                name = self.names[self.index]
-                acc = compare([ref[self.index]], [got[self.index]], [name], mask_of(f)).to_json()[name]
-                value = acc.get(self.metric, acc["cosine"]) if acc.get("nonfinite", 0) == 0 else 0.0
-                mean = acc.get(f"{self.metric}_mean", value) if value > 0 else 0.0
+        """The judged output's worst per-sample cosine (or pooled cosine) over the search inputs, and the mean of
+        each input's mean; an input with NaN/inf where the input graph is finite scores 0."""
+        worst, means = 1.0, []
+        with self.ctx.session(self._artifact(path)) as session:
+
+            def judged(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+                return [session.to_numpy(session.run(session.prepare(feed)))[self.index]]
+
+            for ref, feed in zip(self.reference, self.feeds, strict=True):
+                check = self.ctx.check([[ref[self.index]]], judged, [feed])
+                value = check.worst(self.metric)
+                acc = next(iter(check.per_output.values()))
+                means.append(float(acc.get(f"{self.metric}_mean", value)) if value > 0 else 0.0)
                 worst = min(worst, value)
-                values.append(mean)
-        return {"cosine": worst, "cosine_mean": float(np.mean(values)) if values else 1.0}
+        return {"cosine": worst, "cosine_mean": float(np.mean(means)) if means else 1.0}
 
     def cosine(self, path: Path) -> float:
         return self.accuracy(path)["cosine"]
 
-    def speed(self, path: Path, settings: BenchmarkSettings) -> dict[str, Any]:
-        """The candidate timed interleaved with the input graph (the harness's measure): its speedup over the
-        input with the 95% interval, and both P50s."""
-        with self._load(self.src) as parent_session, self._load(path) as child_session:
-            parent = Timed(parent_session, [parent_session.prepare(f) for f in self.timing_feeds])
-            child = Timed(child_session, [child_session.prepare(f) for f in self.timing_feeds])
-            measure(child, parent, settings)
-        s = speedup(parent.rounds, child.rounds, settings.confidence)
-        return {
-            "speedup": s.ratio,
-            "low": s.low,
-            "high": s.high,
-            "verdict": s.verdict,
-            "p50_ms": LatencyStats.of(child.samples()).p50_ms,
-            "input_p50_ms": LatencyStats.of(parent.samples()).p50_ms,
-            "rounds": len(child.rounds),
-            "calls": len(child.samples()),
-        }
+    def speed(self, path: Path) -> dict[str, Any]:
+        """The candidate timed interleaved with the input graph (the harness, through ctx.time): its speedup over
+        the input with the 95% interval, and both P50s."""
+        return self.ctx.time(self._artifact(path), self._artifact(self.src), self.timing_feeds)
 
 
 def _log_sigma(t: dict[str, Any]) -> float:
@@ -134,7 +118,7 @@ def search(
     per_channel: bool,
     ops: list[str],
     progress: Any,
-    settings: BenchmarkSettings | None = None,
+    timed: bool = True,
 ) -> list[str]:
     """The INT8 node set chosen (possibly empty); fills state."""
     total = len(nodes)
@@ -174,22 +158,20 @@ def search(
         state.decision = f"no INT8 set met {evaluator.metric} >= {state.budget} + margin {state.margin}"
         return []
     chosen = lo
-    if state.choose == "fastest" and settings is not None:
-        chosen = _choose_by_speed(lo, build, point, evaluator, state, settings, progress)
+    if state.choose == "fastest" and timed:
+        chosen = _choose_by_speed(lo, build, point, evaluator, state, progress)
     else:
         state.decision = f"the largest set within budget ({lo} nodes; choose: {state.choose})"
     shutil.copyfile(build(chosen), work / "chosen.onnx")
     return order[:chosen]
 
 
-def _choose_by_speed(
-    lo: int, build: Any, point: Any, evaluator: Evaluator, state: Search, settings: BenchmarkSettings, progress: Any
-) -> int:
+def _choose_by_speed(lo: int, build: Any, point: Any, evaluator: Evaluator, state: Search, progress: Any) -> int:
     sizes = ladder(lo)
     timed: dict[int, dict[str, Any]] = {}
     for i, k in enumerate(sizes):
         point(k)  # every timed set is also within the budget (smaller sets than lo are, by sensitivity order)
-        timed[k] = {"int8_nodes": k, **evaluator.speed(build(k), settings)}
+        timed[k] = {"int8_nodes": k, **evaluator.speed(build(k))}
         state.timings.append(timed[k])
         progress("timing INT8 sets against FP32", i + 1, len(sizes))
     fastest = max(timed.values(), key=lambda t: t["speedup"])

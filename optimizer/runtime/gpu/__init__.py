@@ -7,6 +7,20 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import re
+from pathlib import Path
+
+
+def _torch_is_cpu_build() -> bool:
+    """Whether the installed torch is a CPU build, read from its version.py without importing torch (a second
+    of start-up that `optimizer passes` would pay only to learn there is no GPU)."""
+    spec = importlib.util.find_spec("torch")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        version = Path(base) / "version.py"
+        if version.is_file():
+            cuda = re.search(r"^cuda\b[^=]*=\s*(.+)$", version.read_text(), re.M)
+            return cuda is not None and cuda.group(1).strip() == "None"
+    return False
 
 
 @functools.cache
@@ -14,6 +28,8 @@ def cuda_reason() -> str | None:
     """None when a CUDA device is usable from PyTorch, else why not."""
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed"
+    if _torch_is_cpu_build():
+        return "no CUDA device (a CPU build of torch)"
     import torch
 
     if not torch.cuda.is_available():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from optimizer.core.errors import InputError
+
 Shape = tuple[int, ...]
 
 
@@ -17,7 +19,7 @@ def derive_profiles(
 ) -> dict[str, dict[str, Shape]]:
     """input name -> {"min", "opt", "max"} shapes. `scenarios` are dim bindings ({"batch": 1, "seq": 128})."""
     if not scenarios:
-        raise ValueError("no scenarios to derive profiles from")
+        raise InputError("no scenarios to derive profiles from")
     out: dict[str, dict[str, Shape]] = {}
     for name, dims in input_shapes.items():
         lo, opt, hi = [], [], []
@@ -27,7 +29,7 @@ def derive_profiles(
                 continue
             values = [s[d] for s in scenarios if d in s]
             if not values:
-                raise ValueError(f"input {name!r}: dim {d!r} is not bound by any scenario")
+                raise InputError(f"input {name!r}: dim {d!r} is not bound by any scenario")
             lo.append(min(values)), opt.append(scenarios[0].get(d, values[0])), hi.append(max(values))
         out[name] = {"min": tuple(lo), "opt": tuple(opt), "max": tuple(hi)}
     return out

@@ -11,15 +11,16 @@ if TYPE_CHECKING:
     from optimizer.runtime.runners.base import Runner
 
 
-def runner_for(artifact: Artifact, recipe: Recipe) -> Runner:
+def runner_for(artifact: Artifact, recipe: Recipe, device: str | None = None) -> Runner:
+    """The runner of the artifact's kind. device: None = the recipe's target; passes check on "cpu"."""
     if artifact.kind == "torch":
         from optimizer.runtime.runners.torch_runner import TorchRunner
 
-        return TorchRunner(artifact, recipe)
+        return TorchRunner(artifact, recipe, device)
     if artifact.kind == "onnx":
         from optimizer.runtime.runners.ort_runner import OrtRunner
 
-        return OrtRunner(artifact, recipe)
+        return OrtRunner(artifact, recipe, device)
     if artifact.kind == "trt_engine":
         from optimizer.runtime.runners.trt_runner import TrtRunner
 

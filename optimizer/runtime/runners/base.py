@@ -33,9 +33,14 @@ class Session(ABC):
 
 
 class Runner(ABC):
-    def __init__(self, artifact: Artifact, recipe: Any) -> None:
+    def __init__(self, artifact: Artifact, recipe: Any, device: str | None = None) -> None:
         self.artifact = artifact
         self.recipe = recipe
+        self.device = device  # None = the recipe's target; "cpu" for numeric checks inside passes
+
+    @property
+    def target_device(self) -> str:
+        return self.device or self.recipe.target.device
 
     @abstractmethod
     def _open(self) -> Session: ...

@@ -11,25 +11,16 @@ from optimizer.runtime.threads import target_threads
 
 
 def ort_generator(artifact: Artifact, recipe: Any, device: str | None = None) -> Any:
-    import onnxruntime as ort
-
     from optimizer.runtime.generation import OrtBoundGenerator, OrtGenerator
-    from optimizer.runtime.gpu import ort_cuda_reason
-    from optimizer.runtime.runners.ort_runner import providers_for, session_options
+    from optimizer.runtime.sessions import ort_session
 
     device = device or recipe.target.device
     decode = artifact.decode_path()
     if artifact.path is None or decode is None:
         raise OptimizerError(f"{artifact.path}: not a generation artifact (no decode graph)")
-    if device == "cuda" and ort_cuda_reason() is not None:
-        raise OptimizerError(f"target.device: cuda, but {ort_cuda_reason()}")
-    so = session_options(artifact.runtime, target_threads(recipe))
-    providers = providers_for({**artifact.runtime, "cuda_graph": False}, device)
-    try:
-        sessions = [ort.InferenceSession(str(p), so, providers=providers) for p in (artifact.path, decode)]
-    except Exception as e:
-        raise OptimizerError(f"{artifact.path}: onnxruntime cannot load the generation graphs: {e}") from e
-    layers = int(artifact.meta["layers"])
+    runtime = {**artifact.runtime, "cuda_graph": False}
+    sessions = [ort_session(p, runtime, target_threads(recipe), device) for p in (artifact.path, decode)]
+    layers = artifact.decoder_layers()
     if device == "cuda":
         return OrtBoundGenerator(sessions[0], sessions[1], layers, "cuda")
     return OrtGenerator(sessions[0], sessions[1], layers)

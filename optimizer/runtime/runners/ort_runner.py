@@ -15,33 +15,10 @@ import numpy as np
 
 from optimizer.core.errors import OptimizerError
 from optimizer.runtime.runners.base import Runner, Session
+from optimizer.runtime.sessions import ort_session
 from optimizer.runtime.threads import target_threads
 
 LEVELS = ("disable_all", "basic", "extended", "all")
-
-
-def session_options(runtime: dict[str, Any], threads: int, optimized_path: str | None = None) -> Any:
-    import onnxruntime as ort
-
-    level = runtime.get("graph_optimization_level", "disable_all")
-    so = ort.SessionOptions()
-    so.graph_optimization_level = {
-        "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[level]
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = int(runtime.get("inter_op_threads", 1))
-    so.execution_mode = (
-        ort.ExecutionMode.ORT_PARALLEL
-        if runtime.get("execution_mode") == "parallel"
-        else ort.ExecutionMode.ORT_SEQUENTIAL
-    )
-    so.log_severity_level = 3
-    if optimized_path:
-        so.optimized_model_filepath = optimized_path
-    return so
 
 
 class OrtSession(Session):
@@ -177,62 +154,13 @@ class OrtCudaSession(OrtSession):
 
 # The CUDA provider and run option keys this module passes to onnxruntime-gpu; tests/test_api_surface.py checks
 # each against the GPU wheel's own binaries (an unknown key is ignored or rejected at run time, on a GPU only).
-CUDA_PROVIDER_KEYS = ("enable_cuda_graph", "has_user_compute_stream", "user_compute_stream")
-CUDA_RUN_KEYS = ("gpu_graph_id",)
-
-
-def providers_for(runtime: dict[str, Any], device: str) -> list[Any]:
-    """ORT providers for a device. On CUDA, ORT computes on torch's current stream (`user_compute_stream`), so
-    the CUDA events the harness records there time ORT's kernels, not an idle stream beside them."""
-    if device != "cuda":
-        return ["CPUExecutionProvider"]
-    import torch
-
-    options = {
-        "enable_cuda_graph": "1" if runtime.get("cuda_graph") else "0",
-        "has_user_compute_stream": "1",
-        "user_compute_stream": str(torch.cuda.current_stream().cuda_stream),
-    }
-    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
-
-
-def check_providers(session: Any, device: str, path: Any) -> None:
-    """ORT opens a session with the CPU provider alone when the CUDA provider cannot load (a CUDA runtime or
-    cuDNN of another major, say) and says so only in a log line: everything "on CUDA" would then run on the
-    CPU. Refuse that, with the reason."""
-    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
-        raise OptimizerError(
-            f"{path}: onnxruntime opened the session without its CUDA execution provider (providers in use: "
-            f"{', '.join(session.get_providers())}); the CUDA provider could not load here, often a CUDA or cuDNN "
-            "of another major than this onnxruntime-gpu build links"
-        )
-
-
 class OrtRunner(Runner):
     """device: None = the recipe's target; "cpu" for numeric checks inside passes, which must run anywhere."""
 
-    def __init__(self, artifact: Any, recipe: Any, device: str | None = None) -> None:
-        super().__init__(artifact, recipe)
-        self.device = device
-
     def _open(self) -> Session:
-        import onnxruntime as ort
-
-        from optimizer.runtime.gpu import ort_cuda_reason
-
         threads = target_threads(self.recipe)
-        device = self.device or self.recipe.target.device
-        if device == "cuda" and ort_cuda_reason() is not None:
-            raise OptimizerError(f"target.device: cuda, but {ort_cuda_reason()}")
-        so = session_options(self.artifact.runtime, threads)
-        try:
-            session = ort.InferenceSession(
-                str(self.artifact.path), so, providers=providers_for(self.artifact.runtime, device)
-            )
-        except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, NotImplemented)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise OptimizerError(f"{self.artifact.path}: onnxruntime cannot load it: {first}") from e
-        check_providers(session, device, self.artifact.path)
+        device = self.target_device
+        session = ort_session(self.artifact.path, self.artifact.runtime, threads, device)
         cls = OrtCudaSession if device == "cuda" else OrtSession
         return cls(session, self.artifact.runtime, threads)
 
@@ -248,15 +176,12 @@ def op_time_breakdown(
     import os
     import tempfile
 
-    import onnxruntime as ort
-
     threads = target_threads(recipe)
-    so = session_options(artifact.runtime, threads)
     with tempfile.TemporaryDirectory() as tmp:
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "profile")
-        providers = providers_for({**artifact.runtime, "cuda_graph": False}, recipe.target.device)
-        session = ort.InferenceSession(str(artifact.path), so, providers=providers)
+        runtime = {**artifact.runtime, "cuda_graph": False}
+        session = ort_session(
+            artifact.path, runtime, threads, recipe.target.device, profile_prefix=os.path.join(tmp, "profile")
+        )
         inputs = {i.name: feed[i.name] for i in session.get_inputs()}
         session.run(None, inputs)  # warm-up (also profiled; dropped below by counting runs)
         for _ in range(runs):

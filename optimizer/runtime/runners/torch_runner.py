@@ -136,10 +136,10 @@ class TorchRunner(Runner):
 
         threads = target_threads(self.recipe)
         torch.set_num_threads(threads)
-        device = self.recipe.target.device
+        device = self.target_device
         if device == "cuda" and cuda_reason() is not None:
             raise OptimizerError(f"target.device: cuda, but {cuda_reason()}")
-        inputs = self.artifact.meta["input_names"]
-        outputs = self.artifact.meta["output_names"]
+        inputs = self.artifact.input_names
+        outputs = self.artifact.output_names
         module = NamedIO.wrap(load_module(self.recipe), inputs, outputs).to(device)
         return TorchSession(module, outputs, inputs, threads, device, bool(self.artifact.runtime.get("cuda_graph")))

@@ -1,0 +1,49 @@
+"""What a person reads after a compile (and from `optimizer report`); imported by those commands when they run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from optimizer.cli.console import stage_tables, summary_table
+from optimizer.cli.options import CliOptions
+from optimizer.engine.rundir import RunDir
+from optimizer.report.schema import RunReport
+from optimizer.report.tables import tail_note
+
+
+def show_report(report: RunReport, run_dir: Path, opts: CliOptions) -> None:
+    """The stage tables, notes, findings; a run still going or killed says so first."""
+    out, err = opts.out, opts.err
+    if report.outcome == "incomplete":
+        pending = [st.name for st in report.stages if st.status == "pending"]
+        writer = RunDir(run_dir).writer_pid()
+        state = f"still running (pid {writer})" if writer else "killed before it finished (no process holds it)"
+        out.print(
+            f"[yellow]outcome: incomplete[/]: the run was {state}; not reached: {', '.join(pending) or '-'}. "
+            "Re-run the same compile to resume from the finished stages.", highlight=False,
+        )
+    for table in stage_tables(report):
+        out.print(table)
+    summary = summary_table(report)
+    if summary is not None:
+        out.print(summary)
+    if opts.debug:
+        for st in report.stages:
+            if st.notes.get("traceback"):
+                err.print(f"{st.name}:\n{st.notes['traceback']}", highlight=False, markup=False)
+    out.print(
+        "[dim]vs parent: stage and parent timed interleaved in one session (~ = within noise); "
+        "P50/P99 come from that same session, so compare stages through the ratios.[/]"
+    )
+    note = tail_note(report)
+    if note:
+        out.print(f"[dim]{note}[/]", highlight=False)
+    for line in report.findings:
+        out.print(f"[yellow]![/] {line}", highlight=False)
+    if report.best is not None and report.best.stage:
+        out.print(f"[bold]best[/]: {report.best.why}", highlight=False)
+    run_id = report.history_id
+    out.print(
+        f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}, {run_dir / 'report.html'}  "
+        f"(wall time {report.wall_seconds:.0f} s{f', run id {run_id}' if run_id else ''})"
+    )

@@ -1,0 +1,241 @@
+"""The measured numbers of one stage, typed: what measure produces, metrics.json caches and report.json holds.
+
+They live in core because both sides need them: the producers (optimizer.measure, the engine's batch sweep) sit
+below the readers (optimizer.report, optimizer.deploy, measure.best), and each layer may import only downwards.
+
+Extra fields are allowed on every model here, and kept: these are data a newer measure may add to (a GPU counter,
+a runtime option), and a report from a run must never fail to load because one of them was not modelled. The
+envelope around them (optimizer.core.stage.StageReport, optimizer.report.schema.RunReport) forbids extras: its
+keys are this tool's own, and a newer layout there bumps schema_version.
+
+Fields that a run can leave out are Optional with a default, and serialization writes only the fields that were
+given (`to_json`): a key missing from an older report stays missing, so "not measured by that version" is never
+turned into a measured None (a P99 interval absent means not computed; present and None means not resolved).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+
+class Facts(BaseModel):
+    """Base of the metrics models: extra fields kept, assignments validated, JSON of what was given."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    def to_json(self, exclude: set[str] | None = None) -> dict[str, Any]:
+        """The fields that were set (given, or assigned since), with the extra ones; Python values, so that an
+        infinite float stays a float (json writes it as Infinity, as report.json always had it)."""
+        return self.model_dump(exclude_unset=True, exclude=exclude)
+
+
+class Latency(Facts):
+    """Timed calls of one side in milliseconds (measure.stats.LatencyStats)."""
+
+    n: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    cv: float  # std / mean
+    # 95% intervals from order statistics. Present and None: too few calls to bound it ("n.r."); absent: the
+    # version that measured it did not compute intervals.
+    p90_ci: tuple[float, float] | None = None
+    p99_ci: tuple[float, float] | None = None
+
+    def resolved(self, key: str = "p99") -> bool:
+        """False only when the quantile's interval was computed and could not be bounded by the calls taken."""
+        name = f"{key}_ci"
+        return name not in self.model_fields_set or getattr(self, name, None) is not None
+
+
+class Throughput(Facts):
+    samples_per_s: float
+    tokens_per_s: float | None = None  # batch x seq per second (forward), generated tokens per second (generation)
+
+
+class Speedup(Facts):
+    """Parent P50 / stage P50 from the interleaved session, with its 95% bootstrap interval over rounds."""
+
+    ratio: float  # > 1: the stage is faster than its input
+    low: float
+    high: float
+    verdict: Literal["faster", "slower", "within noise"]
+
+
+class InputsMix(Facts):
+    """The inputs a scenario's latency was taken over (runtime.inputs.FeedSet.lengths)."""
+
+    samples: int
+    padding: str | None = None  # "max_length" | "longest"
+    seq_min: int | None = None
+    seq_median: float | None = None
+    seq_max: int | None = None
+    padded_share: float | None = None
+
+
+class CudaKernels(Facts):
+    """Per call, from the CUDA profiler: kernels run on the device and the launch calls the host made for them;
+    or only `reason` when the profiler could not trace CUDA here."""
+
+    kernels: float | None = None
+    launches: float | None = None
+    graph_launches: float | None = None
+    memcpy: float | None = None
+    calls: int | None = None
+    reason: str | None = None
+
+    @property
+    def counted(self) -> bool:
+        return self.kernels is not None and self.launches is not None
+
+
+class Transfers(Facts):
+    h2d_ms: float
+    d2h_ms: float
+
+
+class NvmlSummary(Facts):
+    """GPU utilisation, memory and power sampled while the stage was timed; or only `reason`."""
+
+    samples: int | None = None
+    gpu_util_mean_pct: float | None = None
+    gpu_util_max_pct: float | None = None
+    memory_used_max_mb: float | None = None
+    power_mean_w: float | None = None
+    power_max_w: float | None = None
+    reason: str | None = None
+
+
+class ScenarioMetrics(Facts):
+    """One stage in one scenario."""
+
+    latency: Latency  # one call (forward) or one whole generation (generation)
+    throughput: Throughput
+    iterations: int | None = None  # timed calls (or generations) of the stage
+    rounds: int | None = None
+    median_ci_halfwidth: float | None = None  # relative; infinite when too few calls to say
+    inputs: InputsMix | None = None
+    samples_ms: list[float] | None = None  # every timed call, kept for diff's between-run bootstrap
+    parent_latency: Latency | None = None  # the input's calls in the same interleaved session
+    vs_parent: Speedup | None = None
+    gpu_latency: Latency | None = None  # CUDA stages: device time apart from host latency
+    transfers: Transfers | None = None
+    nvml: NvmlSummary | None = None
+    cuda_kernels: CudaKernels | None = None
+    ttft: Latency | None = None  # generation: time to first token
+    tpot: Latency | None = None  # generation: time per output token, every decode step
+    prompt_tokens: int | None = None
+    new_tokens: int | None = None
+
+
+class OutputAccuracy(Facts):
+    """One output against stage 0's (measure.accuracy), or the whole generation's agreement for generation."""
+
+    cosine: float  # the lowest per-sample cosine on kept positions (generation: logits before divergence)
+    cosine_mean: float | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    top1: float | None = None
+    positions: str | None = None  # "kept by the attention mask" | "all"
+    samples: int | None = None
+    nonfinite: int | None = None  # NaN/inf where the reference is finite
+    cosine_all_positions: float | None = None
+    pooled_cosine: float | None = None
+    pooled_cosine_mean: float | None = None
+    token_agreement: float | None = None  # generation
+    logits_cosine_min: float | None = None  # generation
+
+    def figure(self, metric: str) -> float | None:
+        """The value of a metric by its budget name (cosine, pooled_cosine, top1, token_agreement...), or None."""
+        value = getattr(self, metric, None)  # a declared field or an extra one
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+class Memory(Facts):
+    """How the stage's host memory was measured (measure.forward.stage_memory)."""
+
+    method: Literal["process", "inline"]
+    inline_mb: float | None = None  # growth of the compile process while the stage loaded
+    peak_mb: float | None = None  # "process": peak resident set of serving it in a fresh process
+    steady_mb: float | None = None
+    runtime_mb: float | None = None  # the libraries and inputs, the same for every stage
+    reason: str | None = None  # why the fresh-process probe could not run
+    note: str | None = None
+
+
+class MachineLoad(Facts):
+    """Other processes' CPU, steal time and load average while the stage was timed (measure.machine)."""
+
+    seconds: float
+    other_cpu_cores: float
+    own_cpu_cores: float
+    steal_share: float
+    load_avg_1m: float
+    cores: int
+
+
+class GraphFacts(Facts):
+    """The saved graph of an ONNX stage; empty ({}) for an artifact without one (the PyTorch source)."""
+
+    nodes: int | None = None
+    op_types: dict[str, int] = {}  # op type (with its domain when not the standard one) -> count
+
+    @property
+    def present(self) -> bool:
+        return self.nodes is not None
+
+
+class StageMetrics(Facts):
+    """Everything measured about one stage: per scenario, plus accuracy, memory and graph facts."""
+
+    workload: Literal["forward", "generation"] = "forward"
+    runtime: dict[str, Any] = {}  # what the runner says it ran with (its keys depend on the runtime)
+    memory_mb: float | None = None  # the memory figure: `memory.peak_mb`, or the in-process growth
+    memory: Memory | None = None
+    gpu_memory_mb: float | None = None  # peak allocated by torch's allocator (torch and TensorRT stages)
+    accuracy: dict[str, OutputAccuracy]  # per output, in the model's output order
+    within_budget: bool
+    budget: str  # the sentence that says why
+    scenarios: dict[str, ScenarioMetrics]
+    machine_load: MachineLoad | None = None
+    op_time_ms: dict[str, float] = {}  # per call (generation: per decode step), from ORT's profiler
+    nodes_executed: int | None = None  # kernels ORT ran per call, after its own fusions
+    nonfinite_reference: int | None = None  # stage 0 only: NaN/inf in the reference outputs
+    graph: GraphFacts | None = None  # the graph as saved ({} for the PyTorch source)
+    size_bytes: int | None = None  # bytes on disk (parameter bytes for the PyTorch source)
+
+    @field_validator("machine_load", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, dict) and not value else value  # a load window that never closed
+
+    @property
+    def first_accuracy(self) -> OutputAccuracy | None:
+        """The first output's accuracy: what tables show (the budget judges `accuracy.output`, by default it)."""
+        return next(iter(self.accuracy.values()), None)
+
+
+class SweepRow(Facts):
+    batch: int
+    p50_ms: float
+    p99_ms: float
+    samples_per_s: float
+    memory_growth_mb: float
+
+
+class BatchSweep(Facts):
+    """One stage across batch sizes and the batching to deploy (engine.sweep); only `why` when nothing was swept."""
+
+    stage: str | None = None
+    seq: int | None = None
+    rows: list[SweepRow] = []
+    latency_budget_ms: float | None = None
+    memory_budget_mb: float | None = None
+    max_batch: int | None = None
+    preferred_batch: int | None = None
+    why: str

@@ -1,0 +1,55 @@
+"""What every kind of bundle uses (bundle.py for one graph or an engine, generation.py for a prefill/decode pair):
+the bundle's file names, the I/O of an ONNX graph, a CPU session on a bundled graph, and the run's recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from optimizer.recipe.schema import Recipe
+from optimizer.report.schema import RunReport
+
+MANIFEST = "manifest.json"
+REFERENCE = "reference.npz"
+
+
+def onnx_dtype(elem_type: int) -> tuple[str, str]:
+    """(numpy dtype name or the ONNX name when numpy has none, ONNX TensorProto type name), from onnx's tables."""
+    from onnx import TensorProto, helper
+
+    onnx_name = TensorProto.DataType.Name(elem_type)
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(elem_type)), onnx_name
+    except (KeyError, ValueError, TypeError):
+        return onnx_name.lower(), onnx_name
+
+
+def graph_io(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The graph's inputs (initializers left out) and outputs: name, dtype, ONNX type, shape (dim names kept)."""
+    from optimizer.runtime import onnx_io
+
+    model = onnx_io.load(model_path, with_weights=False)
+    inits = {t.name for t in model.graph.initializer}
+
+    def describe(v: Any) -> dict[str, Any]:
+        t = v.type.tensor_type
+        dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in t.shape.dim]
+        dtype, onnx_type = onnx_dtype(t.elem_type)
+        return {"name": v.name, "dtype": dtype, "onnx_type": onnx_type, "shape": dims}
+
+    return [describe(v) for v in model.graph.input if v.name not in inits], [describe(v) for v in model.graph.output]
+
+
+def bundle_session(root: Path, manifest: dict[str, Any], model: str | None = None) -> Any:
+    """A CPU session on one of the bundle's graphs (default: its model) with the runtime options it records."""
+    from optimizer.runtime.sessions import ort_session
+
+    path = root / (model or manifest["model"])
+    return ort_session(path, manifest["runtime"]["onnxruntime_session"], int(manifest["runtime"]["threads"]), "cpu")
+
+
+def run_recipe(report: RunReport) -> Recipe:
+    """The recipe the run read, from its report (relative paths resolve where the recipe was)."""
+    from optimizer.recipe.loading import parse_recipe
+
+    return parse_recipe(report.recipe.to_json(), "report.json", Path(report.recipe_dir or report.run_dir))

@@ -1,0 +1,84 @@
+"""The services a pass gets through its PassContext (core.pass_base.PassServices): the one accuracy
+implementation, the harness's interleaved timing and the one session factory. The engine hands them over, so
+the passes never import this layer; tests hand over the same object."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.artifact import Artifact
+from optimizer.core.pass_base import Check, Feed, PassContext
+from optimizer.measure.accuracy import AccuracyMeter, generation_agreement, mask_of
+from optimizer.measure.harness import Timed, measure
+from optimizer.measure.stats import LatencyStats, speedup
+from optimizer.runtime.generation import Generation
+from optimizer.runtime.runners import runner_for
+from optimizer.runtime.runners.base import Session
+
+
+class MeasureServices:
+    """PassServices backed by measure.accuracy, measure.harness and runtime.runners."""
+
+    def session(self, artifact: Artifact, ctx: PassContext, device: str = "cpu") -> AbstractContextManager[Session]:
+        return runner_for(artifact, ctx.recipe, device=device).load()
+
+    def check(self, reference: Any, candidate: Any, ctx: PassContext, feeds: Sequence[Feed] | None) -> Any:
+        if isinstance(reference, Generation) and isinstance(candidate, Generation):
+            return {
+                k: (float(v) if isinstance(v, np.floating) else v)
+                for k, v in generation_agreement(reference, candidate).items()
+            }
+        samples = list(feeds) if feeds is not None else ctx.all_samples()
+        with ExitStack() as stack:
+            ref, ref_names = self._outputs(reference, ctx, stack)
+            got, got_names = self._outputs(candidate, ctx, stack)
+            meter: AccuracyMeter | None = None
+            for i, feed in enumerate(samples):
+                expected, outputs = ref(i, feed), got(i, feed)
+                if meter is None:
+                    names = got_names or ref_names or [f"output_{k}" for k in range(len(outputs))]
+                    meter = AccuracyMeter(names)
+                meter.add(expected, outputs, mask_of(feed))
+        return Check(meter.to_json() if meter is not None else {})
+
+    def _outputs(
+        self, source: Any, ctx: PassContext, stack: ExitStack
+    ) -> tuple[Callable[[int, Feed], list[np.ndarray]], list[str] | None]:
+        """(outputs of feed i, output names if known) for an artifact, a function of a feed, or precomputed."""
+        if isinstance(source, Artifact):
+            session = stack.enter_context(self.session(source, ctx))
+            return (lambda _i, feed: session.to_numpy(session.run(session.prepare(feed)))), session.output_names
+        if callable(source):
+            return (lambda _i, feed: source(feed)), None
+        return (lambda i, _feed: source[i]), None
+
+    def time(self, candidate: Any, reference: Any, ctx: PassContext, feeds: Sequence[Feed] | None) -> dict[str, Any]:
+        settings = ctx.recipe.benchmark
+        inputs = list(feeds) if feeds is not None else next(iter(ctx.feeds)).samples
+        with self._open(reference, ctx) as parent_session, self._open(candidate, ctx) as child_session:
+            parent = Timed(parent_session, [parent_session.prepare(f) for f in inputs])
+            child = Timed(child_session, [child_session.prepare(f) for f in inputs])
+            measure(child, parent, settings)
+        s = speedup(parent.rounds, child.rounds, settings.confidence)
+        return {
+            "speedup": s.ratio,
+            "low": s.low,
+            "high": s.high,
+            "verdict": s.verdict,
+            "p50_ms": LatencyStats.of(child.samples()).p50_ms,
+            "input_p50_ms": LatencyStats.of(parent.samples()).p50_ms,
+            "rounds": len(child.rounds),
+            "calls": len(child.samples()),
+        }
+
+    @contextmanager
+    def _open(self, source: Artifact | Session, ctx: PassContext) -> Iterator[Session]:
+        if isinstance(source, Session):
+            yield source
+        else:
+            with self.session(source, ctx) as session:
+                yield session

@@ -1,0 +1,193 @@
+"""The stage tables as strings, one row per stage: shared by report.md, report.html and the terminal."""
+
+from __future__ import annotations
+
+from optimizer.core.metrics import CudaKernels, Latency, OutputAccuracy, Speedup
+from optimizer.core.stage import StageReport
+from optimizer.report.schema import RunReport, ScenarioEcho
+
+COLUMNS = [
+    ("stage", "stage"),
+    ("parent", "parent"),
+    ("status", "status"),
+    ("p50", "P50 ms"),
+    ("p99", "P99 ms"),
+    ("throughput", "samples/s"),
+    ("vs_parent", "vs parent"),
+    ("vs_source", "vs stage 0"),
+    ("cosine", "cosine"),
+    ("budget", "budget"),
+    ("size_mb", "size MB"),
+    ("memory_mb", "mem MB"),
+]
+
+GENERATION_COLUMNS = [
+    ("stage", "stage"),
+    ("parent", "parent"),
+    ("status", "status"),
+    ("ttft", "TTFT P50 ms"),
+    ("tpot_p50", "TPOT P50 ms"),
+    ("tpot_p99", "TPOT P99 ms"),
+    ("tokens_per_s", "tokens/s"),
+    ("p50", "task P50 ms"),
+    ("vs_parent", "vs parent"),
+    ("vs_source", "vs stage 0"),
+    ("agreement", "token agree"),
+    ("cosine", "logits cos"),
+    ("budget", "budget"),
+    ("size_mb", "size MB"),
+]
+TABLE_METRICS = ("cosine", "pooled_cosine", "top1")  # budget metrics the accuracy column can show
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def kernels_cell(k: CudaKernels | None) -> str:
+    """'412/3': kernels run on the device / launch calls the host made for them (a CUDA graph replay is one)."""
+    return "-" if k is None or not k.counted else f"{k.kernels:.0f}/{k.launches:.0f}"
+
+
+def tail_cell(lat: Latency | None, key: str = "p99") -> str:
+    """A tail percentile when its 95% interval is bounded by the calls taken, else 'n.r.' (not resolved)."""
+    if lat is None:
+        return "-"
+    if not lat.resolved(key):
+        return "n.r."
+    return fmt(getattr(lat, f"{key}_ms"))
+
+
+def speed_cell(vs: Speedup | None) -> str:
+    """'1.32x' when beyond noise, '~1.01x' when within it."""
+    if vs is None:
+        return "-"
+    mark = "~" if vs.verdict == "within noise" else ""
+    return f"{mark}{vs.ratio:.2f}x"
+
+
+def status_cell(stage: StageReport, short: bool = False) -> str:
+    if short or not stage.reason:
+        return stage.status
+    return f"{stage.status}: {stage.reason}"
+
+
+def scenario_title(report: RunReport, scen: ScenarioEcho) -> str:
+    """'b1-natural (batch 1, natural lengths 9-61 tokens, median 21, 32 inputs)' or '(batch 1, seq 128)'."""
+    inputs = next(
+        (sm.inputs for st in report.stages if (sm := st.scenario(scen.name)) is not None and sm.inputs is not None),
+        None,
+    )
+    if inputs is not None and inputs.padding == "longest":
+        shape = (
+            f"natural lengths {inputs.seq_min}-{inputs.seq_max} tokens, median {inputs.seq_median:g}, "
+            f"{inputs.samples} inputs timed in turn"
+        )
+    else:
+        timed = f", {inputs.samples} inputs timed in turn" if inputs is not None and inputs.samples else ""
+        shape = f"seq {scen.seq}{timed}"
+    return f"{scen.name} (batch {scen.batch}, {shape})"
+
+
+def tail_note(report: RunReport) -> str | None:
+    """The footnote for tables with an unresolved P99."""
+    from optimizer.measure.stats import calls_to_resolve
+
+    unresolved = [
+        sm.latency.n
+        for st in report.stages
+        if st.metrics is not None
+        for sm in st.metrics.scenarios.values()
+        if not sm.latency.resolved("p99")
+    ]
+    if not unresolved:
+        return None
+    lo, hi = min(unresolved), max(unresolved)
+    calls = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return (
+        f"P99 n.r.: not resolved. {calls} calls cannot bound a P99 (its 95% interval "
+        f"needs at least {calls_to_resolve(0.99)}); set `benchmark: {{resolve_tail: true}}` to take enough."
+    )
+
+
+def _accuracy_cell(first: OutputAccuracy | None, metric: str) -> str:
+    if first is None:
+        return "-"
+    value = first.figure(metric)
+    return f"{value if value is not None else first.cosine:.6f}"
+
+
+def stage_rows(report: RunReport, scenario: str) -> list[dict[str, str]]:
+    """One row per stage for one scenario, as strings; shared by the terminal table and report.md. The accuracy
+    column shows the figure the budget judges (its metric), so the column and the verdict beside it agree."""
+    metric = report.settings.accuracy_metric or "cosine"
+    if metric not in TABLE_METRICS:
+        metric = "cosine"
+    rows = []
+    for st in report.stages:
+        m = st.metrics
+        sm = st.scenario(scenario)
+        lat = sm.latency if sm is not None else None
+        first = m.first_accuracy if m is not None else None
+        size = m.size_bytes if m is not None else None
+        vs0 = st.vs_source.get(scenario)
+        rows.append(
+            {
+                "stage": f"{st.index:02d} {st.name}",
+                "parent": st.parent or "-",
+                "status": status_cell(st, short=True),
+                "p50": fmt(lat.p50_ms if lat is not None else None),
+                "p99": tail_cell(lat),
+                "throughput": fmt(sm.throughput.samples_per_s if sm is not None else None, ".1f"),
+                "vs_parent": speed_cell(sm.vs_parent if sm is not None else None),
+                "vs_source": "-" if vs0 is None else f"{vs0:.2f}x",
+                "cosine": _accuracy_cell(first, metric),
+                "budget": "-" if m is None else ("ok" if m.within_budget else "REJECTED"),
+                "size_mb": "-" if size is None else f"{size / 2**20:.1f}",
+                "memory_mb": fmt(m.memory_mb if m is not None else None, ".0f"),
+                "ttft": fmt(sm.ttft.p50_ms if sm is not None and sm.ttft is not None else None),
+                "tpot_p50": fmt(sm.tpot.p50_ms if sm is not None and sm.tpot is not None else None),
+                "tpot_p99": tail_cell(sm.tpot if sm is not None else None),
+                "tokens_per_s": fmt(sm.throughput.tokens_per_s if sm is not None else None, ".1f"),
+                "agreement": "-" if first is None or first.token_agreement is None else f"{first.token_agreement:.3f}",
+                "cv": "-" if lat is None else f"{lat.cv:.1%}",
+                "kernels": kernels_cell(sm.cuda_kernels if sm is not None else None),
+            }
+        )
+    return rows
+
+
+def columns(report: RunReport) -> list[tuple[str, str]]:
+    """The table's columns: generation runs show TTFT/TPOT/tokens/s instead of one-shot latency; CUDA runs add
+    kernels run / host launches per call."""
+    cols = GENERATION_COLUMNS if report.recipe.workload == "generation" else COLUMNS
+    metric = report.settings.accuracy_metric
+    if metric in ("pooled_cosine", "top1"):
+        cols = [(k, metric if k == "cosine" else h) for k, h in cols]
+    counted = any(
+        sm.cuda_kernels is not None
+        for st in report.stages
+        if st.metrics is not None
+        for sm in st.metrics.scenarios.values()
+    )
+    return [*cols, ("kernels", "kernels/launches")] if counted else cols
+
+
+def scenario_summary(report: RunReport) -> tuple[list[str], list[list[str]]]:
+    """Stage x scenario: speedup vs stage 0 (P50) in each cell, because a pass can help one scenario and hurt
+    another. The speedup (chained interleaved ratios) leads: P50s of stages measured in different sessions
+    carry the drift between those sessions, the ratios do not."""
+    names = report.scenario_names
+    rows = []
+    for st in report.stages:
+        cells = [f"{st.index:02d} {st.name}"]
+        for n in names:
+            sm = st.scenario(n)
+            if sm is not None:
+                vs0 = st.vs_source.get(n)
+                p50 = f"{sm.latency.p50_ms:.2f} ms"
+                cells.append(f"{vs0:.2f}x ({p50})" if vs0 else p50)
+            else:
+                cells.append(st.status)
+        rows.append(cells)
+    return ["stage", *names], rows

@@ -1,0 +1,103 @@
+"""The one ONNX Runtime session factory: every session the tool opens (runners, generation loops, passes'
+probes, bundles) is created here, with the artifact's runtime options as session options, the providers of the
+device, a CUDA session that silently fell back to the CPU refused, and a load failure as one line naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from optimizer.core.errors import OptimizerError
+
+
+def ort_session(
+    path: Path | str | bytes | None,
+    runtime: dict[str, Any],
+    threads: int,
+    device: str = "cpu",
+    *,
+    optimized_path: str | None = None,
+    profile_prefix: str | None = None,
+    config: dict[str, str] | None = None,
+    providers: list[Any] | None = None,
+) -> Any:
+    """An onnxruntime.InferenceSession. path: a file, or a serialized model (bytes). config: session config
+    entries (e.g. session.disable_cpu_ep_fallback). providers: only to override those of the device."""
+    import onnxruntime as ort
+
+    from optimizer.runtime.gpu import ort_cuda_reason
+
+    if device == "cuda" and providers is None and ort_cuda_reason() is not None:
+        raise OptimizerError(f"target.device: cuda, but {ort_cuda_reason()}")
+    so = session_options(runtime, threads, optimized_path)
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    for key, value in (config or {}).items():
+        so.add_session_config_entry(key, value)
+    source = path if isinstance(path, bytes) else str(path)
+    where = "<in-memory model>" if isinstance(path, bytes) else str(path)
+    try:
+        session = ort.InferenceSession(source, so, providers=providers or providers_for(runtime, device))
+    except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, NotImplemented)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OptimizerError(f"{where}: onnxruntime cannot load it: {first}") from e
+    if providers is None:
+        check_providers(session, device, where)
+    return session
+
+
+def session_options(runtime: dict[str, Any], threads: int, optimized_path: str | None = None) -> Any:
+    import onnxruntime as ort
+
+    level = runtime.get("graph_optimization_level", "disable_all")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = {
+        "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = int(runtime.get("inter_op_threads", 1))
+    so.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL
+        if runtime.get("execution_mode") == "parallel"
+        else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    so.log_severity_level = 3
+    if optimized_path:
+        so.optimized_model_filepath = optimized_path
+    return so
+
+
+CUDA_PROVIDER_KEYS = ("enable_cuda_graph", "has_user_compute_stream", "user_compute_stream")
+CUDA_RUN_KEYS = ("gpu_graph_id",)
+
+
+def providers_for(runtime: dict[str, Any], device: str) -> list[Any]:
+    """ORT providers for a device. On CUDA, ORT computes on torch's current stream (`user_compute_stream`), so
+    the CUDA events the harness records there time ORT's kernels, not an idle stream beside them."""
+    if device != "cuda":
+        return ["CPUExecutionProvider"]
+    import torch
+
+    options = {
+        "enable_cuda_graph": "1" if runtime.get("cuda_graph") else "0",
+        "has_user_compute_stream": "1",
+        "user_compute_stream": str(torch.cuda.current_stream().cuda_stream),
+    }
+    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
+def check_providers(session: Any, device: str, path: Any) -> None:
+    """ORT opens a session with the CPU provider alone when the CUDA provider cannot load (a CUDA runtime or
+    cuDNN of another major, say) and says so only in a log line: everything "on CUDA" would then run on the
+    CPU. Refuse that, with the reason."""
+    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        raise OptimizerError(
+            f"{path}: onnxruntime opened the session without its CUDA execution provider (providers in use: "
+            f"{', '.join(session.get_providers())}); the CUDA provider could not load here, often a CUDA or cuDNN "
+            "of another major than this onnxruntime-gpu build links"
+        )
