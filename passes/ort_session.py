@@ -5,13 +5,22 @@ not to. If that happened silently in every ONNX stage, ORT's work would be credi
 first. So the export stage is measured with optimizations off, and this stage switches them on: the graph is
 the same file, only the session options differ, and the difference in latency is ORT's own.
 
-The graph ORT produces is also saved (ort_optimized.onnx) so its node count shows what ORT fused.
+The same holds for the thread pools: whether idle intra-op threads spin (`allow_spinning`) and how many there
+are (`intra_op_threads`) are session options the stage sets, so a stage such as
+`{type: ort_session, name: no_spin, config: {allow_spinning: false}}` is timed against its parent like any pass.
+A generation artifact's two sessions (prefill and decode) both get them.
+
+The graph ORT produces is also saved (ort_optimized.onnx; for a generation artifact also
+ort_optimized_decode.onnx, the graph run per token) so its node count shows what ORT fused.
 """
 
 from __future__ import annotations
 
 import shutil
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError, PassError
@@ -22,45 +31,74 @@ class OrtSessionConfig(PassConfig):
     graph_optimization_level: Literal["disable_all", "basic", "extended", "all"] = "all"
     execution_mode: Literal["sequential", "parallel"] = "sequential"
     inter_op_threads: int = 1
+    allow_spinning: bool | None = Field(
+        default=None,
+        description="whether idle intra-op threads spin waiting for work (session.intra_op.allow_spinning); "
+        "none: as the input stage has it (ONNX Runtime's default, on, unless an earlier stage set it)",
+    )
+    intra_op_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="intra-op threads of each session this stage opens (a generation loop opens two); none: as "
+        "the input stage has it (target.threads unless an earlier stage set it)",
+    )
     save_optimized: bool = True
 
 
 class OrtSessionPass(Pass):
     name = "ort_session"
-    summary = "ONNX Runtime's own graph optimizations, switched on as a stage of their own"
+    summary = "ONNX Runtime's own graph optimizations and thread-pool settings, switched on as a stage of their own"
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
+    version = 2  # 2: a generation artifact's decode graph optimized and saved too
     requires = ("onnxruntime",)
     handles_generation = True
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
+        assert artifact.path is not None
+        model_path = ctx.stage_dir / "model.onnx"
+        # Same graphs, new folder: every stage folder holds a complete, deployable artifact (for a generation
+        # artifact: the prefill graph as model.onnx, the decode graph and the shared weights under their names,
+        # which the graphs reference).
+        for f in artifact.files():
+            shutil.copyfile(f, ctx.stage_dir / (model_path.name if f == artifact.path else f.name))
+        runtime = session_runtime(cfg)
+        out = artifact.derive(path=model_path, runtime={**artifact.runtime, **runtime})
+        notes: dict[str, object] = {"session_options": runtime}
+        if cfg.save_optimized:
+            notes["ort_optimized_graph"] = self._optimized(model_path, "ort_optimized.onnx", out, ctx)
+            decode = out.decode_path()
+            if decode is not None:  # the graph a generation runs per token: where ORT's work counts most
+                notes["ort_optimized_decode_graph"] = self._optimized(decode, "ort_optimized_decode.onnx", out, ctx)
+        changed = out.runtime != artifact.runtime
+        return PassResult(out, modified=changed or cfg.graph_optimization_level != "disable_all", notes=notes)
+
+    def _optimized(self, src: Path, name: str, out: Artifact, ctx: PassContext) -> dict[str, Any]:
+        """The graph as ORT runs it under these options, saved beside the stage, and its op histogram."""
         from optimizer.runtime import onnx_io
         from optimizer.runtime.sessions import ort_session
         from optimizer.runtime.threads import target_threads
 
-        cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
-        assert artifact.path is not None
-        model_path = ctx.stage_dir / "model.onnx"
-        # Same graph, new folder: every stage folder holds a complete, deployable artifact.
-        for f in artifact.files():
-            shutil.copyfile(f, ctx.stage_dir / (model_path.name if f == artifact.path else f.name))
-        runtime = {
-            "graph_optimization_level": cfg.graph_optimization_level,
-            "execution_mode": cfg.execution_mode,
-            "inter_op_threads": cfg.inter_op_threads,
-        }
-        out = artifact.derive(path=model_path, runtime={**artifact.runtime, **runtime})
-        notes: dict[str, object] = {"session_options": runtime}
-        if cfg.save_optimized:
-            optimized = ctx.stage_dir / "ort_optimized.onnx"
-            try:
-                ort_session(model_path, out.runtime, target_threads(ctx.recipe), optimized_path=str(optimized))
-            except OptimizerError as e:
-                raise PassError(f"onnxruntime could not optimize the graph: {e}") from e
-            hist = onnx_io.op_histogram(optimized)
-            notes["ort_optimized_graph"] = {
-                "file": optimized.name,
-                "nodes": sum(hist.values()),
-                "op_types": hist,
-            }
-        return PassResult(out, modified=cfg.graph_optimization_level != "disable_all", notes=notes)
+        optimized = ctx.stage_dir / name
+        try:
+            ort_session(src, out.runtime, target_threads(ctx.recipe), optimized_path=str(optimized))
+        except OptimizerError as e:
+            raise PassError(f"onnxruntime could not optimize the graph: {e}") from e
+        hist = onnx_io.op_histogram(optimized)
+        return {"file": optimized.name, "nodes": sum(hist.values()), "op_types": hist}
+
+
+def session_runtime(cfg: OrtSessionConfig) -> dict[str, Any]:
+    """The runtime keys this stage sets; the thread-pool options only when given, so a later ort_session stage
+    that does not name them keeps what an earlier one chose."""
+    runtime: dict[str, Any] = {
+        "graph_optimization_level": cfg.graph_optimization_level,
+        "execution_mode": cfg.execution_mode,
+        "inter_op_threads": cfg.inter_op_threads,
+    }
+    if cfg.allow_spinning is not None:
+        runtime["allow_spinning"] = cfg.allow_spinning
+    if cfg.intra_op_threads is not None:
+        runtime["intra_op_threads"] = cfg.intra_op_threads
+    return runtime

@@ -160,6 +160,10 @@ def test_is_our_bug_reads_the_innermost_frame_that_is_ours_or_a_model_library_s(
         Artifact("onnx", None).derive(nope=1)  # raised inside dataclasses, called from our code
     except TypeError as e:
         assert is_our_bug(e)
+    try:
+        Artifact("onnx", Path("/nonexistent/m.onnx")).size_bytes()  # the machine's: no such file
+    except OSError as e:
+        assert not is_our_bug(e)
 
 
 # ---------------------------------------------------------------- the services a pass gets from its context

@@ -10,11 +10,12 @@ import sys
 from collections import Counter
 
 import numpy as np
+import onnx
 import pytest
 from fusion_helpers import assert_same, float_input, fuse, model, ops
 from onnx import helper
 
-from passes.fuse import FUSED_OPS, RULE_NAMES, RULES, count_fused
+from passes.fuse import FUSED_OPS, RULE_NAMES, RULES, count_fused, valid_ir_version
 from passes.fuse.attention import Decline, classify_mask
 
 rng = np.random.default_rng(0)
@@ -244,6 +245,25 @@ def test_conv_relu_and_conv_add_relu_to_fusedconv_on_cpu_only() -> None:
     assert_same(m, out, feed, atol=1e-4)
     _, reports = fuse(m, feed, ["conv_bn", "conv_activation"], target="cuda")
     assert reports["conv_activation"].fused == 0 and "CPU kernel" in (reports["conv_activation"].skipped or "")
+
+
+def test_fused_ir3_graph_is_written_at_ir4() -> None:
+    """IR 3 (old exporters): every initializer is also a graph input. The fused graph keeps its weights as
+    initializers only, which is valid from IR 4 on; an IR version that needs no change is kept."""
+    m, feed = conv_graph()
+    m.ir_version = 3
+    for init in m.graph.initializer:
+        m.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    onnx.checker.check_model(m)
+    out, _ = fuse(m, feed, ["conv_bn", "conv_activation"])
+    assert out.ir_version == 3 and [i.name for i in out.graph.input] == ["x"]
+    with pytest.raises(onnx.checker.ValidationError, match="not in graph input"):
+        onnx.checker.check_model(out)
+    assert valid_ir_version(out) == 4
+    onnx.checker.check_model(out)
+    assert_same(m, out, feed, atol=1e-4)
+    current, _ = conv_graph()
+    assert valid_ir_version(current) == current.ir_version >= 4
 
 
 NEG = np.float32(-3.4e38)

@@ -83,3 +83,91 @@ def test_hybrid_budget_too_tight_keeps_fp32(tmp_path: Path) -> None:
 def test_budget_rejects_a_stage(tmp_path: Path) -> None:
     q = run_mode(tmp_path, {"mode": "int8_dynamic"}, accuracy={"metric": "max_abs", "max": 1e-9, "samples": 2})
     assert q.metrics["within_budget"] is False and "> 1e-09" in q.metrics["budget"]
+
+
+def fused_conv_graph(activation: str | None, params: list[float], bias: bool, residual: bool, opset: int) -> Any:
+    """One com.microsoft.FusedConv, as the fuse pass (or ORT's own optimizer) writes it."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 4, 3, 3)).astype(np.float32), "w")]
+    inputs = ["x", "w"]
+    if bias or residual:
+        inputs.append("b" if bias else "")
+        if bias:
+            inits.append(numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b"))
+    if residual:
+        inputs.append("z")
+    attrs: dict[str, Any] = {"pads": [1, 1, 1, 1]}
+    if activation:
+        attrs |= {"activation": activation, "activation_params": params} if params else {"activation": activation}
+    node = helper.make_node("FusedConv", inputs, ["y"], name="conv_Fused", domain="com.microsoft", **attrs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4, 6, 6]) for n in ("x", "z")[: 1 + residual]],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        inits,
+    )
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+@pytest.mark.parametrize(
+    ("activation", "params", "bias", "residual", "opset", "written"),
+    [
+        ("Relu", [], True, False, 17, ["Conv", "Relu"]),
+        ("Relu", [], False, True, 17, ["Conv", "Add", "Relu"]),  # Conv + residual Add + Relu, as `fuse` writes it
+        (None, [], True, True, 17, ["Conv", "Add"]),
+        ("Clip", [0.0, 6.0], True, False, 17, ["Conv", "Clip"]),  # bounds as inputs from opset 11
+        ("Clip", [-1.0, 1.0], True, True, 9, ["Conv", "Add", "Clip"]),  # bounds as attributes before
+        ("LeakyRelu", [0.1], True, False, 17, ["Conv", "LeakyRelu"]),
+        ("HardSigmoid", [0.3, 0.4], True, False, 17, ["Conv", "HardSigmoid"]),
+    ],
+)
+def test_unfuse_convs_is_exact(
+    activation: str | None, params: list[float], bias: bool, residual: bool, opset: int, written: list[str]
+) -> None:
+    import numpy as np
+    from fusion_helpers import run
+
+    from passes.quantize.modes import unfuse_convs
+
+    fused = fused_conv_graph(activation, params, bias, residual, opset)
+    rng = np.random.default_rng(1)
+    feed = {n.name: rng.normal(size=(1, 4, 6, 6)).astype(np.float32) for n in fused.graph.input}
+    plain = onnx.ModelProto()
+    plain.CopyFrom(fused)
+    unfused = unfuse_convs(plain, ["Conv"])
+    onnx.checker.check_model(plain)
+    assert [n.op_type for n in plain.graph.node] == written and unfused.convs == ["conv_Fused"]
+    assert plain.graph.node[0].name == "conv_Fused"  # exclude_nodes naming the fused node still reaches its Conv
+    (y_fused,), (y_plain,) = run(fused, feed), run(plain, feed)
+    assert np.abs(y_fused).max() > 0.5 and np.abs(y_fused - y_plain).max() < 1e-5
+    # The static quantizer is told to quantize the Add and the activations with INT8 kernels, nothing else.
+    assert unfused.extra_ops == sorted({"Add", "Relu", "Clip", "LeakyRelu"} & set(written))
+
+
+def test_unfuse_convs_keeps_what_it_cannot_write_back() -> None:
+    from passes.quantize.modes import unfuse_convs
+
+    model = fused_conv_graph("LeakyRelu", [], True, False, 17)  # LeakyRelu without its alpha: not guessed
+    assert unfuse_convs(model, ["Conv"]).kept == ["conv_Fused"]
+    assert [n.op_type for n in model.graph.node] == ["FusedConv"]
+    model = fused_conv_graph("Relu", [], True, False, 17)
+    assert unfuse_convs(model, ["MatMul"]).convs == [] and model.graph.node[0].op_type == "FusedConv"
+
+
+def test_unfuse_convs_asks_int8_only_for_its_own_followers() -> None:
+    """The Add/Relu written back from a FusedConv are quantized with it; a Relu the user did not list is not."""
+    from onnx import helper
+
+    from passes.quantize.modes import unfuse_convs
+
+    model = fused_conv_graph("Relu", [], True, False, 17)
+    model.graph.node.append(helper.make_node("Relu", ["y"], ["y2"], name="head_relu"))
+    model.graph.output[0].name = "y2"
+    unfused = unfuse_convs(model, ["Conv", "MatMul"])
+    assert unfused.extra_ops == ["Relu"] and unfused.extra_exclude == ["head_relu"]
+    assert unfuse_convs(fused_conv_graph("Relu", [], True, False, 17), ["Conv", "Relu"]).extra_ops == []

@@ -221,7 +221,7 @@ def _write_manifest(
         "runtime": {
             "onnxruntime_session": artifact.runtime,
             "providers": ["CPUExecutionProvider"],
-            "threads": report.settings.threads,
+            "threads": int(artifact.runtime.get("intra_op_threads") or report.settings.threads),
         },
         "library_versions": report.environment.packages,
         "tuned_on": {
@@ -276,7 +276,7 @@ def triton_config(
         "output [\n" + ",\n".join(tensor(t) for t in outputs) + "\n]",
         f"instance_group [ {{ count: 1, kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]",
         # Served as it was measured: the benchmarked threads and execution mode, not the backend's defaults.
-        param("intra_op_thread_count", report.settings.threads),
+        param("intra_op_thread_count", int(runtime.get("intra_op_threads") or report.settings.threads)),
         param("inter_op_thread_count", int(runtime.get("inter_op_threads", 1))),
         param("execution_mode", 1 if runtime.get("execution_mode") == "parallel" else 0),
     ]

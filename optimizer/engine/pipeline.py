@@ -121,10 +121,13 @@ def _owner(filename: str) -> str | None:
 
 def is_our_bug(error: BaseException) -> bool:
     """Whether an exception is a bug of ours: not one of our errors (OptimizerError and its kinds say what is
-    wrong on purpose, but one raised `from` a bug of ours is followed to it), and of the frames that are ours or a
-    model library's, the innermost is ours (a KeyError in optimizer/, a TypeError pydantic raises on our call)."""
+    wrong on purpose, but one raised `from` a bug of ours is followed to it), not the machine's (OSError,
+    MemoryError), and of the frames that are ours or a model library's, the innermost is ours (a KeyError in
+    optimizer/, a TypeError pydantic raises on our call)."""
     if isinstance(error, OptimizerError):
         return error.__cause__ is not None and is_our_bug(error.__cause__)
+    if isinstance(error, (OSError, MemoryError)):
+        return False  # the machine (a full disk, a permission, memory), wherever it surfaced
     frames = []
     tb = error.__traceback__
     while tb is not None:

@@ -48,7 +48,16 @@ def ort_session(
     return session
 
 
+# ORT's session config keys for whether idle pool threads spin (busy-wait) for work before sleeping.
+SPIN_KEYS = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+
+
 def session_options(runtime: dict[str, Any], threads: int, optimized_path: str | None = None) -> Any:
+    """SessionOptions from an artifact's runtime settings (set by the `ort_session` pass, so their effect is
+    measured as a stage): graph_optimization_level, execution_mode, inter_op_threads; intra_op_threads (default:
+    `threads`, the target's); allow_spinning (absent or None: ORT's default, spinning on). The generation loop's
+    prefill and decode sessions each get their own pools, and spinning threads of one compete with the other's
+    for the cores; allow_spinning false makes idle threads sleep instead."""
     import onnxruntime as ort
 
     level = runtime.get("graph_optimization_level", "disable_all")
@@ -59,7 +68,7 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
-    so.intra_op_num_threads = threads
+    so.intra_op_num_threads = int(runtime.get("intra_op_threads") or threads)
     so.inter_op_num_threads = int(runtime.get("inter_op_threads", 1))
     so.execution_mode = (
         ort.ExecutionMode.ORT_PARALLEL
@@ -67,6 +76,10 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
         else ort.ExecutionMode.ORT_SEQUENTIAL
     )
     so.log_severity_level = 3
+    spinning = runtime.get("allow_spinning")
+    if spinning is not None:  # both pools: the inter-op pool exists only in parallel mode, and spins alike
+        for key in SPIN_KEYS:
+            so.add_session_config_entry(key, "1" if spinning else "0")
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     return so

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -40,6 +40,8 @@ __all__ = [
     "FusionRule",
     "RuleReport",
     "apply_rules",
+    "count_fused",
+    "valid_ir_version",
 ]
 
 
@@ -63,6 +65,23 @@ def apply_rules(graph: gs.Graph, names: Iterable[str], ctx: RuleContext) -> dict
     return reports
 
 
+# IR version 4 (ONNX 1.4, with opset 9) is the first where an initializer need not also be a graph input.
+IR_INITIALIZERS_APART = 4
+
+
+def valid_ir_version(model: Any) -> int:
+    """Raise an exported model's IR version to 4 where its initializers are not all graph inputs; returns it.
+
+    Old exporters wrote IR version 3 with every weight listed as a graph input too. GraphSurgeon reads those
+    inputs as constants and writes them back as initializers only, which IR 3 forbids: onnx.checker refuses the
+    graph and ORT's quantizer does not find the weights ("Input ... is undefined"). IR 4 reads the same graph
+    with the weights as constants, which is what they are (and what lets ORT fold them)."""
+    inputs = {i.name for i in model.graph.input}
+    if model.ir_version < IR_INITIALIZERS_APART and any(t.name not in inputs for t in model.graph.initializer):
+        model.ir_version = IR_INITIALIZERS_APART
+    return int(model.ir_version)
+
+
 def count_fused(before: Counter[str], after: Counter[str]) -> dict[str, int]:
     """Count of each op type some rule emits, where the graph has more of it than before."""
     return {op: after[op] for op in FUSED_OPS if after[op] > before.get(op, 0)}
@@ -73,6 +92,7 @@ class FusePass(Pass):
     summary = "our fusion rules: attention+QKV merge, LayerNorm/SkipLayerNorm, GELU/BiasGelu, Gemm, Conv+BN/act"
     Config = FuseConfig
     consumes = frozenset({"onnx"})
+    version = 2  # 2: an IR-3 input's fused graph is written at IR 4 (valid without its weights as inputs)
     requires = ("onnx_graphsurgeon", "onnxruntime")
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
@@ -108,6 +128,7 @@ class FusePass(Pass):
         reports = apply_rules(graph, cfg.rules, rctx)
         model = gs.export_onnx(graph)
         add_contrib_opset(model)
+        ir_version = valid_ir_version(model)
         onnx_io.carry_metadata(source_model, model)
         path = ctx.stage_dir / "model.onnx"
         external = onnx_io.save(model, path)
@@ -125,4 +146,6 @@ class FusePass(Pass):
             "nodes_after": sum(after.values()),
             "check_vs_input": check,
         }
+        if ir_version != source_model.ir_version:
+            notes["ir_version"] = {"input": source_model.ir_version, "output": ir_version}
         return PassResult(out, modified=any(r.fused for r in reports.values()), notes=notes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -18,6 +19,7 @@ from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 from optimizer.recipe.schema import recipe_metric
 from passes.quantize.modes import DEFAULT_OPS
+from passes.quantize.weight_only import WeightOnlySettings
 
 
 class Calibration(PassConfig):
@@ -38,7 +40,7 @@ class HybridSettings(PassConfig):
 
 
 class QuantizeConfig(PassConfig):
-    mode: Literal["int8_dynamic", "int8_static", "fp16", "hybrid"]
+    mode: Literal["int8_dynamic", "int8_static", "fp16", "hybrid", "weight_only"]
     per_channel: bool = True
     symmetric_activations: bool | None = Field(
         default=None,
@@ -52,6 +54,9 @@ class QuantizeConfig(PassConfig):
     op_block_list: list[str] = Field(default_factory=list, description="fp16: op types kept in FP32")
     node_block_list: list[str] = Field(default_factory=list, description="fp16: nodes kept in FP32")
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
+    weight_only: WeightOnlySettings = Field(
+        default_factory=WeightOnlySettings, description="weight_only: MatMul weights in 4 or 8 bits (MatMulNBits)"
+    )
 
 
 def symmetric_activations(cfg: QuantizeConfig, device: str) -> bool:
@@ -61,25 +66,47 @@ def symmetric_activations(cfg: QuantizeConfig, device: str) -> bool:
 
 class QuantizePass(Pass):
     name = "quantize"
-    summary = "INT8 (dynamic, static QDQ), FP16, and hybrid INT8/FP32 chosen per node under the accuracy budget"
+    summary = (
+        "INT8 (dynamic, static QDQ), FP16, weight-only INT4/INT8 (MatMulNBits), and hybrid INT8/FP32 chosen per "
+        "node under the accuracy budget"
+    )
     Config = QuantizeConfig
     consumes = frozenset({"onnx"})
-    version = 3  # 2: generation graphs share one weights file; 3: hybrid judged on kept positions, timed by the harness
+    # 2: generation graphs share one weights file; 3: hybrid judged on kept positions, timed by the harness;
+    # 4: INT8 modes un-fuse FusedConv first (Conv + Add + activation), so fused CNNs get INT8 convolutions
+    version = 4
     requires = ("onnxruntime",)
     handles_generation = True
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
-        if artifact.decode and cfg.mode not in ("int8_dynamic", "fp16"):
-            return f"{cfg.mode} on generation graphs is not supported yet (int8_dynamic and fp16 are)"
+        if artifact.decode and cfg.mode not in ("int8_dynamic", "fp16", "weight_only"):
+            return f"{cfg.mode} on generation graphs is not supported yet (int8_dynamic, fp16 and weight_only are)"
         if cfg.mode == "hybrid" and ctx.recipe.target.device != "cpu":
             return "hybrid INT8/FP16 for CUDA is not implemented yet (the CPU search uses FP32 as high precision)"
-        return super().skip_reason(artifact, ctx)
+        return super().skip_reason(artifact, ctx) or self._nothing_to_quantize(artifact)
+
+    def _nothing_to_quantize(self, artifact: Artifact) -> str | None:
+        """An INT8 mode that would quantize no node is a skip with the reason, not a stage that "ran" and wrote
+        its input back (e.g. dynamic INT8 of MatMuls whose weights a node computes)."""
+        from optimizer.runtime import onnx_io
+        from passes.quantize import modes
+
+        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        if cfg.mode not in ("int8_static", "int8_dynamic") or artifact.decode or artifact.path is None:
+            return None
+        model = onnx_io.load(artifact.path, with_weights=False)
+        reason = modes.nothing_to_quantize(model, cfg.mode, cfg.op_types, cfg.exclude_nodes)
+        return f"{cfg.mode}: nothing to quantize: {reason}" if reason else None
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        if artifact.decode:
-            return self._run_generation(artifact, ctx)
-        return self._run_one(artifact, ctx)
+        result = self._run_generation(artifact, ctx) if artifact.decode else self._run_one(artifact, ctx)
+        if self.config.mode == "weight_only":  # type: ignore[attr-defined]
+            from passes.quantize.weight_only import check_against_input
+
+            check = check_against_input(artifact, result.artifact, ctx)
+            return PassResult(result.artifact, result.modified, {**result.notes, "check": check})
+        return result
 
     def _run_generation(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         """Both generation graphs, the same mode each (the decode graph in a sub-folder first), then saved over
@@ -111,7 +138,6 @@ class QuantizePass(Pass):
 
         from optimizer.runtime import onnx_io
         from passes.quantize import modes
-        from passes.quantize.calibration import FeedReader, calibration_feeds
 
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
         assert artifact.path is not None
@@ -120,26 +146,15 @@ class QuantizePass(Pass):
         notes: dict[str, object] = {"mode": cfg.mode}
         progress = ctx.progress
         try:
-            if cfg.mode == "int8_dynamic":
-                modes.int8_dynamic(src, dst, cfg.per_channel, cfg.op_types, None, cfg.exclude_nodes)
-            elif cfg.mode == "int8_static":
-                feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, progress, all_scenarios=False)
-                notes["calibration"] = {**info, "method": cfg.calibration.method}
-                reader = FeedReader(feeds, ctx.feeds.input_names)
-                modes.int8_static(
-                    src,
-                    dst,
-                    reader,
-                    cfg.calibration.method,
-                    cfg.per_channel,
-                    symmetric_activations(cfg, ctx.recipe.target.device),
-                    cfg.op_types,
-                    cfg.exclude_nodes,
-                    cfg.calibration.percentile,
-                )
+            if cfg.mode in ("int8_dynamic", "int8_static"):
+                notes.update(self._int8(src, dst, ctx, cfg))
             elif cfg.mode == "fp16":
                 model = modes.fp16(onnx_io.load(src), cfg.keep_io_types, cfg.op_block_list, cfg.node_block_list)
                 onnx_io.save(model, dst)
+            elif cfg.mode == "weight_only":
+                from passes.quantize import weight_only
+
+                notes.update(weight_only.quantize(src, dst, cfg.weight_only, cfg.exclude_nodes))
             else:
                 notes.update(self._hybrid(src, dst, artifact, ctx, cfg, progress))
         except PassError:
@@ -169,6 +184,46 @@ class QuantizePass(Pass):
         external = onnx_io.save(full, dst)
         out = artifact.derive(path=dst, external_data=external)
         return PassResult(out, modified=True, notes=notes)
+
+    def _int8(self, src: Path, dst: Path, ctx: PassContext, cfg: QuantizeConfig) -> dict[str, object]:
+        """int8_dynamic or int8_static of `src` into `dst`, FusedConv nodes un-fused first (modes.unfuse_convs);
+        a result with no quantized tensor is a failure, not a stage that ran."""
+        from optimizer.runtime import onnx_io
+        from passes.quantize import modes
+        from passes.quantize.calibration import FeedReader, calibration_feeds
+
+        notes: dict[str, object] = {}
+        work = ctx.stage_dir / "input_int8.onnx"
+        per_channel_qdq = cfg.per_channel and cfg.mode == "int8_static"
+        with modes.quantizer_input(src, work, cfg.op_types, per_channel_qdq) as (plain, unfused):
+            if unfused.convs:
+                notes["unfused_convs"] = len(unfused.convs)
+            if unfused.kept:
+                notes["kept_fused"] = unfused.kept  # an activation with no standard op: stays FusedConv, FP32
+            if cfg.mode == "int8_dynamic":
+                modes.int8_dynamic(plain, dst, cfg.per_channel, cfg.op_types, None, cfg.exclude_nodes)
+            else:
+                feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, ctx.progress, all_scenarios=False)
+                notes["calibration"] = {**info, "method": cfg.calibration.method}
+                modes.int8_static(
+                    plain,
+                    dst,
+                    FeedReader(feeds, ctx.feeds.input_names),
+                    cfg.calibration.method,
+                    cfg.per_channel,
+                    symmetric_activations(cfg, ctx.recipe.target.device),
+                    # The un-fused Add/activation nodes too: quantized, each group runs as one QLinearConv
+                    # (+ QLinearAdd), the INT8 form of the fused op; other nodes of those types stay as asked.
+                    [*cfg.op_types, *unfused.extra_ops],
+                    [*cfg.exclude_nodes, *unfused.extra_exclude],
+                    cfg.calibration.percentile,
+                )
+            before = modes.quantized_op_count(onnx_io.load(plain, with_weights=False))
+        if modes.quantized_op_count(onnx_io.load(dst, with_weights=False)) <= before:
+            raise PassError(
+                f"{cfg.mode} quantized nothing: ORT's quantizer wrote no quantized node for op_types {cfg.op_types}"
+            )
+        return notes
 
     def _named_input(self, artifact: Artifact, ctx: PassContext):  # type: ignore[no-untyped-def]
         """ORT's quantizer picks nodes by name: give unnamed nodes names (in a temporary copy) if needed."""

@@ -50,7 +50,8 @@ class OrtSession(Session):
             "providers": self.session.get_providers(),
             "graph_optimization_level": self.runtime.get("graph_optimization_level", "disable_all"),
             "execution_mode": self.runtime.get("execution_mode", "sequential"),
-            "threads": self.threads,
+            "threads": int(self.runtime.get("intra_op_threads") or self.threads),
+            "allow_spinning": self.runtime.get("allow_spinning", "onnxruntime's default"),
         }
 
 
