@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,26 @@ def report_of(stages: list[dict[str, Any]], scenarios: list[dict[str, Any]] | No
     return parse_report(data, "test report")
 
 
+def without_explanations(text: str) -> str:
+    """The markdown or HTML without what came after the old code: the op-type explanation of each stage (its
+    section, its chart, the clause added to an inversion's finding). Everything else stays byte for byte."""
+    text = re.sub(r"## Why: each stage against its parent, by op type\n.*?(?=## Stages)", "", text, flags=re.S)
+    text = re.sub(r"<h2>Why each stage's speed changed</h2>\n<figure>.*?</figure>\n", "", text, flags=re.S)
+    return re.sub(r"; by op type, [^\n<]*?ONNX Runtime profiler\)\)", "", text)
+
+
 # ---------------------------------------------------------------- version 1, through the one reader
 def test_a_v1_report_reads_into_the_same_markdown_and_html() -> None:
     report = read_report(V1)
     assert report.schema_version == 2  # upgraded in memory
-    assert to_markdown(report) == (DATA / "report_v1_minilm.md").read_text()
-    assert to_html(report) == (DATA / "report_v1_minilm.html").read_text()
+    assert without_explanations(to_markdown(report)) == (DATA / "report_v1_minilm.md").read_text()
+    assert without_explanations(to_html(report)) == (DATA / "report_v1_minilm.html").read_text()
+    assert "## Why: each stage against its parent, by op type" in to_markdown(report)
 
 
 def test_findings_and_best_recomputed_from_a_v1_report_are_the_ones_it_holds() -> None:
     report = read_report(V1)
-    assert findings(report) == v1_data()["findings"]
+    assert [without_explanations(f) for f in findings(report)] == v1_data()["findings"]
     best, why = best_stage(report.stages, report.scenario_names)
     assert best is not None and report.best is not None
     assert (best.name, why) == (report.best.stage, report.best.why) == ("int8_dynamic", v1_data()["best"]["why"])
@@ -81,7 +91,7 @@ def test_a_v2_report_round_trips_through_its_file(tmp_path: Path) -> None:
     assert written["schema_version"] == 2 and written["stages"][0]["metrics"]["graph"] == {}  # as measured
     again = read_report(tmp_path / "report.json")
     assert again.to_json() == report.to_json()
-    assert (tmp_path / "report.md").read_text() == (DATA / "report_v1_minilm.md").read_text()
+    assert without_explanations((tmp_path / "report.md").read_text()) == (DATA / "report_v1_minilm.md").read_text()
     # Keys a report did not have stay absent: a v1 file without `recipe_dir` does not grow one.
     del written["recipe_dir"]
     assert "recipe_dir" not in parse_report(written, "x").to_json()

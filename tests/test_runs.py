@@ -142,8 +142,9 @@ def test_html_report_renders_with_its_charts(two_runs: tuple[Path, Path, Path, P
     _, _, a, _ = two_runs
     html_file = a / "report.html"
     dom = rendered_dom(html_file)
-    for kind in ("waterfall", "distribution", "ops", "accuracy"):
+    for kind in ("waterfall", "distribution", "ops", "opdelta", "accuracy"):
         assert f'class="chart {kind}"' in dom, kind
+    assert dom.count('class="delta"') >= 2  # ort_session against export: op types with their time difference
     assert dom.count('class="chart waterfall"') == 2  # one per scenario
     assert dom.count('class="bar"') >= 6
     png = screenshot(html_file, a / "report.png")

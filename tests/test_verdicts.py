@@ -305,6 +305,15 @@ def test_a_slower_child_reads_below_one_with_its_finding(tmp_path: Path, monkeyp
     report = build_report(recipe, records, tmp_path / "out", 1.0)
     assert any(f.startswith("slow (slow) on b1:") and "slower than its input (export)" in f for f in findings(report))
     assert report.best is not None and report.best.stage == "export"
+    # Why: the op types the pass added, from ONNX Runtime's profile of both stages, named in the finding.
+    from optimizer.report.explain import explain
+
+    why = explain(report, report.stages[-1])
+    assert why is not None and why.rows[0].op == "MatMul" and why.rows[0].delta_ms > 0, why
+    assert {r.op for r in why.rows if r.change == "new"} >= {"ReduceSum"}
+    assert why.profile_delta_ms > 0 and why.measured_delta_ms is not None and why.measured_delta_ms > 0
+    inversion = next(f for f in findings(report) if f.startswith("slow (slow) on b1:"))
+    assert "; by op type, slow: +" in inversion and "MatMul +" in inversion
 
 
 def onnx_recipe(

@@ -19,6 +19,8 @@ from optimizer.engine.rundir import read_json, write_json, write_text
 from optimizer.measure.best import best_stage
 from optimizer.measure.machine import busy_sentence, busy_summary, window_busy
 from optimizer.recipe.schema import Recipe, recipe_dict, recipe_metric
+from optimizer.report.explain import explain
+from optimizer.report.explain import markdown as explain_markdown
 from optimizer.report.html import to_html
 from optimizer.report.schema import (
     SCHEMA_NAME,
@@ -197,9 +199,11 @@ def findings(report: RunReport) -> list[str]:
                 )
             vs = sm.vs_parent
             if vs is not None and vs.verdict == "slower":
+                why = explain(report, st)
                 out.append(
                     f"{label} on {scen}: {1 / vs.ratio:.2f}x slower than its input "
                     f"({st.parent}), beyond noise (CI {vs.low:.2f}-{vs.high:.2f}x)"
+                    + (f"; by op type, {why.summary(3)} ({why.coverage()})" if why is not None else "")
                 )
     return out
 
@@ -280,6 +284,7 @@ def to_markdown(report: RunReport) -> str:
         lines += ["", f"Recommendation: {sweep.why}", ""]
     if r.findings:
         lines += ["## Findings", ""] + [f"- {f}" for f in r.findings] + [""]
+    lines += explain_markdown(r)
     lines += ["## Stages", ""]
     for st in r.stages:
         lines.append(f"### {st.index:02d} {st.name} ({st.type})")

@@ -19,6 +19,7 @@ import numpy as np
 
 from optimizer.core.metrics import StageMetrics
 from optimizer.core.stage import StageReport
+from optimizer.report.explain import explanations
 from optimizer.report.schema import RunReport
 from optimizer.report.tables import columns, scenario_title, stage_rows
 
@@ -173,6 +174,43 @@ def op_breakdown(report: RunReport) -> str:
     )
 
 
+def op_delta_chart(report: RunReport, top: int = 6) -> str:
+    """A diverging bar chart per stage: the op types whose time changed most against the parent (profiler kernel
+    time; left, green: time the stage saved; right, red: time it added), with the summary line above."""
+    found = explanations(report)
+    if not found:
+        return ""
+    left, half, row = 230, 230, 18
+    scale = max(abs(r.delta_ms) for e in found for r in e.rows[:top]) or 1.0
+    body, y = [], 8
+    for e in found:
+        body.append(f'<text x="6" y="{y + 13}" font-size="12" font-weight="bold">{_esc(e.summary(3))}</text>')
+        body.append(f'<text x="6" y="{y + 28}" font-size="11" fill="#555">{_esc(e.coverage())}</text>')
+        y += 36
+        zero = left + half
+        body.append(f'<line x1="{zero}" y1="{y}" x2="{zero}" y2="{y + row * min(top, len(e.rows))}" stroke="#555"/>')
+        for r in e.rows[:top]:
+            w = abs(r.delta_ms) / scale * half
+            x = zero - w if r.delta_ms < 0 else zero
+            mark = f" ({r.change})" if r.change else ""
+            body.append(
+                f'<text x="{left - 6}" y="{y + 13}" text-anchor="end" font-size="11">{_esc(r.op + mark)}</text>'
+                f'<rect class="delta" x="{x:.1f}" y="{y + 3}" width="{max(w, 0.5):.1f}" height="12" '
+                f'fill="{GREEN if r.delta_ms < 0 else RED}"><title>{_esc(r.op)}: {r.parent_ms:.3f} -> '
+                f"{r.stage_ms:.3f} ms</title></rect>"
+                f'<text x="{zero + half + 8}" y="{y + 13}" font-size="11">{r.delta_ms:+.3f} ms</text>'
+            )
+            y += row
+        y += 10
+    return _svg(
+        left + 2 * half + 90,
+        y,
+        body,
+        "Why each stage's speed changed: time per op type against its parent (ONNX Runtime profiler)",
+        "opdelta",
+    )
+
+
 def accuracy_chart(report: RunReport) -> str:
     stages = [(s.name, m) for s, m in _measured(report) if m.accuracy]
     if not stages:
@@ -283,10 +321,12 @@ def to_html(report: RunReport) -> str:
         parts += [waterfall(r, name), boxplots(r, name), _table(r, name)]
     if r.batch_sweep is not None and r.batch_sweep.rows:
         parts += ["<h2>Batch sweep</h2>", sweep_chart(r)]
-    ops = op_breakdown(r)
+    ops, deltas = op_breakdown(r), op_delta_chart(r)
     parts += [
         "<h2>Where the time goes inside each stage</h2>" if ops else "",
         ops,
+        "<h2>Why each stage's speed changed</h2>" if deltas else "",
+        deltas,
         "<h2>Accuracy</h2>",
         accuracy_chart(r),
         "</body></html>",
