@@ -388,6 +388,7 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
     made 3x worse. The main job's own A/A, in separate processes, is scripts/aa_diff.py."""
     from optimizer.report.build import build_report
     from optimizer.report.diff import diff_reports, regressions
+    from optimizer.report.diff import to_markdown as diff_markdown
 
     sensitive_chain(tmp_path / "chain.onnx", layers=6, width=1024)
     passes = [
@@ -415,8 +416,16 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
         m.vs_parent = m.vs_parent.model_copy(
             update={"ratio": m.vs_parent.ratio / 3, "low": m.vs_parent.low / 3, "high": m.vs_parent.high / 3}
         )
-    caught = regressions(diff_reports(reports[0], slowed), 5)
+    # B's profile of that stage spends 3x the time in its largest op type: the diff says which op type moved.
+    top_op = max(st.metrics.op_time_ms, key=lambda op: st.metrics.op_time_ms[op])
+    st.metrics.op_time_ms = {**st.metrics.op_time_ms, top_op: st.metrics.op_time_ms[top_op] * 3}
+    slowed_diff = diff_reports(reports[0], slowed)
+    caught = regressions(slowed_diff, 5)
     assert any(line.startswith("ort_session on b1") for line in caught), caught
+    change = next(c for c in slowed_diff["op_changes"] if c["stage"] == "ort_session")
+    assert change["ops"][0][0] == top_op and change["ops"][0][3] > 0, change
+    assert change["summary"].startswith("ort_session from A to B: +") and f"{top_op} +" in change["summary"]
+    assert "Why `ort_session` moved, by op type" in diff_markdown(slowed_diff)
 
 
 def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_path: Path) -> None:

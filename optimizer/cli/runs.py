@@ -88,6 +88,9 @@ def diff(
                 f"final stage {d['final_stage']} on {r['scenario']}: {r['p50_a']:.2f} -> {r['p50_b']:.2f} ms "
                 f"({r['ratio']:.2f}x, {r['verdict']})"
             )
+        for change in d["op_changes"]:
+            opts.out.print(f"why {change['stage']} moved, by op type: {change['summary']} ({change['coverage']})",
+                           highlight=False)
     if fail_on_regression is not None:
         found = regressions(d, fail_on_regression)
         if found:

@@ -24,6 +24,7 @@ import numpy as np
 
 from optimizer.core.metrics import ScenarioMetrics, StageMetrics
 from optimizer.core.stage import StageReport
+from optimizer.report.explain import between_runs
 from optimizer.report.schema import RunReport
 
 MIN_EFFECT = 0.02  # between-run differences smaller than this are within noise, whatever the intervals say
@@ -31,6 +32,9 @@ MIN_EFFECT = 0.02  # between-run differences smaller than this are within noise,
 # the test machine identical code moved pass ratios 5-30% between runs (scripts/aa_diff.py).
 MIN_BETWEEN_RUNS = 0.03
 Z95 = 1.96
+
+
+OP_ROWS = 6  # op types listed per stage in `op_changes`
 
 
 def machine_drift(a: RunReport, b: RunReport) -> float | None:
@@ -172,6 +176,19 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
             rows.append(row)
     final = next((n for n in reversed(names) if sa[n].ok and sb[n].ok), None)
     totals = [r for r in rows if r["stage"] == final and "ratio" in r]
+    # Why, for the stages judged faster or slower between the runs: their op types, A's profile against B's.
+    judged = [n for n in names if any(r["stage"] == n and r.get("verdict") in ("faster", "slower") for r in rows)]
+    profiled = b.scenario_names[0] if b.scenario_names else ""
+    op_changes = [
+        {
+            "stage": n,
+            "summary": e.summary(),
+            "coverage": e.coverage(),
+            "ops": [[r.op, r.parent_ms, r.stage_ms, r.delta_ms] for r in e.rows[:OP_ROWS]],
+        }
+        for n in judged
+        if (e := between_runs(sa[n], sb[n], profiled)) is not None
+    ]
     return {
         "a": {"run_dir": a.run_dir, "created": a.created, "recipe": a.recipe.name},
         "b": {"run_dir": b.run_dir, "created": b.created, "recipe": b.recipe.name},
@@ -181,6 +198,7 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
         "machine_drift": machine_drift(a, b),
         "final_stage": final,
         "totals": totals,
+        "op_changes": op_changes,
     }
 
 
@@ -271,6 +289,8 @@ def to_markdown(d: dict[str, Any]) -> str:
                 for r in d["totals"]
             ),
         ]
+    for change in d.get("op_changes") or []:
+        lines += ["", f"**Why `{change['stage']}` moved, by op type**: {change['summary']} ({change['coverage']})"]
     for key, label in (("only_in_a", "only in A"), ("only_in_b", "only in B")):
         if d[key]:
             lines.append(f"\nStages {label}: {', '.join(d[key])}")

@@ -69,6 +69,13 @@ class Explanation:
         return f"{profile} of the measured {measured:+.2f} ms ({share:.0%}, {self.scenario}, ONNX Runtime profiler)"
 
 
+def _rows(before: dict[str, float], after: dict[str, float]) -> list[OpDelta]:
+    return sorted(
+        (OpDelta(op, before.get(op, 0.0), after.get(op, 0.0)) for op in {*after, *before}),
+        key=lambda r: (-abs(r.delta_ms), r.op),
+    )
+
+
 def explain(report: RunReport, st: StageReport) -> Explanation | None:
     """The stage against its parent, or None when either has no profile."""
     parent = report.stage(st.parent or "")
@@ -77,10 +84,7 @@ def explain(report: RunReport, st: StageReport) -> Explanation | None:
     mine, theirs = st.metrics.op_time_ms, parent.metrics.op_time_ms
     if not mine or not theirs:
         return None
-    rows = sorted(
-        (OpDelta(op, theirs.get(op, 0.0), mine.get(op, 0.0)) for op in {*mine, *theirs}),
-        key=lambda r: (-abs(r.delta_ms), r.op),
-    )
+    rows = _rows(theirs, mine)
     scen = report.scenarios[0].name if report.scenarios else ""
     sm = st.metrics.scenarios.get(scen)
     measured = (
@@ -88,6 +92,18 @@ def explain(report: RunReport, st: StageReport) -> Explanation | None:
     )
     per = "decode step" if st.metrics.workload == "generation" else "call"
     return Explanation(st.name, parent.name, scen, per, rows, measured)
+
+
+def between_runs(a: StageReport, b: StageReport, scenario: str) -> Explanation | None:
+    """One stage in run A and in run B (`optimizer diff`): which op types got slower or faster between the runs.
+    The measured change is the raw P50 difference on the profiled scenario (two runs: not interleaved)."""
+    if a.metrics is None or b.metrics is None or not a.metrics.op_time_ms or not b.metrics.op_time_ms:
+        return None
+    sa, sb = a.metrics.scenarios.get(scenario), b.metrics.scenarios.get(scenario)
+    measured = sb.latency.p50_ms - sa.latency.p50_ms if sa is not None and sb is not None else None
+    per = "decode step" if b.metrics.workload == "generation" else "call"
+    rows = _rows(a.metrics.op_time_ms, b.metrics.op_time_ms)
+    return Explanation(f"{b.name} from A to B", f"{a.name} in A", scenario, per, rows, measured)
 
 
 def explanations(report: RunReport) -> list[Explanation]:
