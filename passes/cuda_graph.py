@@ -67,10 +67,8 @@ class CudaGraphPass(Pass):
         for f in artifact.files():
             shutil.copyfile(f, ctx.stage_dir / f.name)
         out = artifact.derive(path=ctx.stage_dir / artifact.path.name, runtime={**artifact.runtime, "cuda_graph": True})
-        try:
-            from optimizer.runtime.runners import runner_for
-
-            with runner_for(out, ctx.recipe).load() as session:  # capture once now: fail here, not in the benchmark
+        try:  # capture once now, on the target: fail here, not in the benchmark
+            with ctx.session(out, ctx.recipe.target.device) as session:
                 for sf in ctx.feeds:
                     session.run(session.prepare(sf.timing))
         except Exception as e:

@@ -28,10 +28,7 @@ class MeasureServices:
 
     def check(self, reference: Any, candidate: Any, ctx: PassContext, feeds: Sequence[Feed] | None) -> Any:
         if isinstance(reference, Generation) and isinstance(candidate, Generation):
-            return {
-                k: (float(v) if isinstance(v, np.floating) else v)
-                for k, v in generation_agreement(reference, candidate).items()
-            }
+            return generation_agreement(reference, candidate)  # plain floats and an int: JSON as it is
         samples = list(feeds) if feeds is not None else ctx.all_samples()
         with ExitStack() as stack:
             ref, ref_names = self._outputs(reference, ctx, stack)

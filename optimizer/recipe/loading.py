@@ -5,7 +5,6 @@ ten-minute export. Every error names the file and the field.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from optimizer.core.errors import RecipeError
+from optimizer.recipe.packages import package_dir
 from optimizer.recipe.schema import SOURCE_STAGE, HFFolderSource, OnnxSource, Recipe
 
 
@@ -66,21 +66,6 @@ def _check_structure(recipe: Recipe, path: str) -> None:
             raise RecipeError(path, "model.path", f"no folder {model.path!r} inside package {model.package!r}")
         if model.package is None and not recipe.resolve(model.path).is_dir():
             raise RecipeError(path, "model.path", f"no such folder: {recipe.resolve(model.path)}")
-
-
-def package_dir(name: str) -> Path | None:
-    """The folder of an installed package, found without running its code: only the top-level name is looked up
-    (finding `a.b` would import `a`), and the rest is followed on disk."""
-    top, *rest = name.split(".")
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        folder = Path(base).joinpath(*rest)
-        if folder.is_dir():
-            return folder
-    return None
 
 
 def _validate_pass_configs(recipe: Recipe, path: str) -> None:

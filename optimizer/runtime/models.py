@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def hf_folder(source: HFFolderSource, recipe: Recipe) -> Path:
     if source.package is None:
         return recipe.resolve(source.path)
-    from optimizer.recipe.loading import package_dir
+    from optimizer.recipe.packages import package_dir
 
     base = package_dir(source.package)
     if base is None:

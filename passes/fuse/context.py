@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from passes.fuse.rule import CONTRIB_TARGETS, Target
+from passes.fuse.targets import CONTRIB_TARGETS, Target
 
 
 @dataclass

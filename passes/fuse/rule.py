@@ -11,17 +11,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from passes.fuse.targets import ALL_TARGETS, CONTRIB_TARGETS, Target
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
 
     from passes.fuse.context import RuleContext
 
-Target = Literal["cpu", "cuda", "tensorrt"]
-ALL_TARGETS: frozenset[Target] = frozenset({"cpu", "cuda", "tensorrt"})
-# ORT contrib ops (com.microsoft) run on ORT's CPU and CUDA EPs, not in TensorRT.
-CONTRIB_TARGETS: frozenset[Target] = frozenset({"cpu", "cuda"})
 
 
 @dataclass

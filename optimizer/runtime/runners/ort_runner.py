@@ -18,8 +18,6 @@ from optimizer.runtime.runners.base import Runner, Session
 from optimizer.runtime.sessions import ort_session
 from optimizer.runtime.threads import target_threads
 
-LEVELS = ("disable_all", "basic", "extended", "all")
-
 
 class OrtSession(Session):
     def __init__(self, session: Any, runtime: dict[str, Any], threads: int) -> None:
