@@ -6,6 +6,7 @@ its body, so torch, onnx and onnxruntime load only for the commands that run mod
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -36,23 +37,131 @@ def validate(ctx: typer.Context, recipe: Path = typer.Argument(..., help="recipe
 @app.command("compile")
 def compile_(
     ctx: typer.Context,
-    recipe: Path = typer.Argument(..., help="recipe YAML file"),
-    out_dir: Path | None = typer.Option(None, "--out", help="run folder (default: runs/<recipe name>)"),
+    recipes: list[Path] = typer.Argument(None, help="recipe YAML files, or folders of them (their *.yaml)"),
+    model: str | None = typer.Option(
+        None, "--model", help="instead of a recipe: a Hugging Face folder, an .onnx file or module:function, compiled "
+        "with a generated recipe (written into the run folder as recipe.yaml)"
+    ),
+    device: str = typer.Option("cpu", "--device", help="with --model: the target, cpu or cuda"),
+    mlflow_uri: str | None = typer.Option(
+        None, "--mlflow", help="also log each run to MLflow at URI (a parent run, a nested run per stage)"
+    ),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="run folder (default: runs/<recipe name>); with several recipes, DIR/<recipe name>"
+    ),
     no_cache: bool = typer.Option(False, "--no-cache", help="recompute every stage"),
     no_bench: bool = typer.Option(False, "--no-bench", help="build the artifacts only; measure nothing"),
     no_history: bool = typer.Option(False, "--no-history", help="do not record this run in the history"),
+    workers: int = typer.Option(
+        1, "--workers", min=1, help="recipes built at once; with one recipe, processes its passes' independent "
+        "evaluations spread over (the hybrid search's nodes). Timings still take turns: one bench slot per host"
+    ),
+    backend: str = typer.Option("local", "--backend", help="local (a process pool) or ray"),
+    address: str | None = typer.Option(
+        None, "--address", help="with --backend ray: the cluster to join (default: a local Ray started here)"
+    ),
 ) -> None:
-    """Run a recipe: every stage into its own folder, each benchmarked; prints the per-stage table."""
-    from optimizer.cli.console import ConsoleEvents
-    from optimizer.cli.show import show_report
-    from optimizer.engine.pipeline import Pipeline
+    """Run recipes: every stage into its own folder, each benchmarked; prints the per-stage table."""
     from optimizer.recipe.loading import load_recipe
-    from optimizer.report.build import build_report, save_report, write_report
-    from optimizer.report.history import record
 
     opts = options(ctx)
-    r = load_recipe(recipe)
-    run_dir = out_dir or Path("runs") / r.name
+    if backend not in ("local", "ray"):
+        fail(opts, f"--backend {backend!r}: one of local, ray", 2)
+    if model is not None:
+        if recipes:
+            fail(opts, "give recipe files or --model, not both", 2)
+        from optimizer.cli.auto_compile import prepare_model_recipe
+
+        generated = prepare_model_recipe(model, device, out_dir)
+        opts.out.print(f"recipe for {model} ({device}): {generated}", highlight=False, soft_wrap=True)
+        recipes, out_dir = [generated], generated.parent
+    elif not recipes:
+        fail(opts, "give a recipe file (or a folder of them), or --model PATH", 2)
+    paths = _recipe_paths(recipes, opts)
+    if len(paths) == 1 and backend == "local":  # --workers N: the pipeline's fan-out (the hybrid search's nodes)
+        r = load_recipe(paths[0])
+        _compile_one(opts, paths[0], r, out_dir or Path("runs") / r.name, no_cache, no_bench, no_history, mlflow_uri,
+                     workers)
+        return
+    loaded, codes = _load_all(paths, opts)
+    run_dirs = {path: (out_dir or Path("runs")) / r.name for path, r in loaded.items()}
+    if len(paths) == 1 and out_dir is not None:
+        run_dirs = {path: out_dir for path in loaded}
+    if workers == 1 and backend == "local":
+        for path, r in loaded.items():
+            codes.append(_exit_code(opts, lambda p=path, r=r: _compile_one(  # type: ignore[misc]
+                opts, p, r, run_dirs[p], no_cache, no_bench, no_history, mlflow_uri)))
+            if codes[-1] == 130:  # interrupted: the recipes after it are not started
+                break
+    else:
+        codes += _compile_pooled(
+            opts, loaded, run_dirs, workers, backend, address, no_cache, no_bench, no_history, mlflow_uri
+        )
+    worst = max(codes, default=0)
+    if worst:
+        failing = sum(1 for c in codes if c)
+        fail(opts, f"{failing} of {len(paths)} recipes did not finish cleanly (see above)", worst)
+
+
+def _recipe_paths(recipes: list[Path], opts: Any) -> list[Path]:
+    """The recipe files: each file as given, each folder's *.yaml in name order."""
+    paths: list[Path] = []
+    for item in recipes:
+        if item.is_dir():
+            found = sorted([*item.glob("*.yaml"), *item.glob("*.yml")])
+            if not found:
+                fail(opts, f"{item}: a folder without recipes (*.yaml)", 2)
+            paths += found
+        else:
+            paths.append(item)
+    return list(dict.fromkeys(paths))
+
+
+def _load_all(paths: list[Path], opts: Any) -> tuple[dict[Path, Any], list[int]]:
+    """The recipes that load (a bad one is its error line and exit code 2, the others still run); two recipes of
+    one name would write one run folder: refused."""
+    from optimizer.recipe.loading import load_recipe
+
+    loaded: dict[Path, Any] = {}
+    codes: list[int] = []
+    names: dict[str, Path] = {}
+    for path in paths:
+        try:
+            r = load_recipe(path)
+        except OptimizerError as e:
+            opts.err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+            codes.append(2)
+            continue
+        if r.name in names:
+            fail(opts, f"{path}: name {r.name!r} is also {names[r.name]}'s: each recipe needs its own run folder", 2)
+        names[r.name] = path
+        loaded[path] = r
+    return loaded, codes
+
+
+def _exit_code(opts: Any, run: Any) -> int:
+    """The exit code a compile of one recipe would give (its messages printed as usual); an error of ours is its
+    line and 2, as `optimizer` itself would exit, and the next recipe still runs."""
+    try:
+        run()
+    except typer.Exit as e:
+        return int(e.exit_code)
+    except OptimizerError as e:
+        if opts.debug:
+            raise
+        opts.err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        return 2
+    return 0
+
+
+def _compile_one(opts: Any, recipe: Path, r: Any, run_dir: Path, no_cache: bool, no_bench: bool,
+                 no_history: bool, mlflow_uri: str | None = None, workers: int = 1) -> None:
+    """One recipe in this process: today's compile, its tables and its exit (typer.Exit through fail). workers:
+    processes the pipeline's passes spread their independent evaluations over (ctx.map)."""
+    from optimizer.cli.console import ConsoleEvents
+    from optimizer.engine.pipeline import Pipeline
+    from optimizer.report.build import write_report
+
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _sigterm)
     write_errors: list[str] = []
@@ -68,14 +177,27 @@ def compile_(
     # Without --debug the pipeline keeps its own default (OPTIMIZER_DEBUG, which the test suite sets).
     debug = True if opts.debug else None
     with ConsoleEvents(opts.out) as events:
-        pipeline = Pipeline(r, run_dir, events, use_cache=not no_cache, measure=not no_bench, debug=debug)
+        pipeline = Pipeline(r, run_dir, events, use_cache=not no_cache, measure=not no_bench, debug=debug,
+                            workers=workers)
         pipeline.on_stage_done.append(write_progress)
         interrupted = False
         try:
             records = pipeline.execute()
         except KeyboardInterrupt:
             interrupted, records = True, pipeline.records
-    report = build_report(r, records, run_dir, time.perf_counter() - start) if records else None
+    _finish(opts, recipe, r, records, run_dir, time.perf_counter() - start, no_history, write_errors, interrupted,
+            mlflow_uri)
+
+
+def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, wall: float, no_history: bool,
+            write_errors: list[str], interrupted: bool, mlflow_uri: str | None = None) -> None:
+    """The driver's part of a compile: the report built and saved, the history recorded, the tables shown, and
+    the exit code (typer.Exit through fail) for failures."""
+    from optimizer.cli.show import show_report
+    from optimizer.report.build import build_report, save_report
+    from optimizer.report.history import record
+
+    report = build_report(r, records, run_dir, wall) if records else None
     save_error: str | None = None
     if report is not None:
         try:
@@ -88,8 +210,18 @@ def compile_(
             report.history_id = record(report, opts.history)
         except OptimizerError as e:
             history_error = str(e)
+    mlflow_error: str | None = None
+    if report and mlflow_uri:
+        from optimizer.report.mlflow_log import log_run
+
+        try:
+            opts.out.print(f"mlflow: run {log_run(report, run_dir, mlflow_uri)} at {mlflow_uri}", highlight=False)
+        except OptimizerError as e:
+            mlflow_error = str(e)
     if report:
         show_report(report, run_dir, opts)
+    if mlflow_error:
+        opts.err.print(f"[yellow]warning:[/] not logged to MLflow: {mlflow_error}", highlight=False, soft_wrap=True)
     if history_error:
         opts.err.print(f"[yellow]warning:[/] run not recorded in the run history: {history_error}", highlight=False,
                        soft_wrap=True)
@@ -105,6 +237,64 @@ def compile_(
         fail(opts, f"{recipe}: {source.reason}", 2)
     if report and report.failed_stages:
         fail(opts, f"failed stages: {', '.join(report.failed_stages)} (see the table above)", 1)
+
+
+def _compile_pooled(opts: Any, loaded: dict[Path, Any], run_dirs: dict[Path, Path], workers: int, backend: str,
+                    address: str | None, no_cache: bool, no_bench: bool, no_history: bool,
+                    mlflow_uri: str | None = None) -> list[int]:
+    """The recipes on workers (a local process pool, or Ray): a line per stage as they go, then, from the
+    driver alone, each recipe's report, history entry and tables in the order given. The exit code of each."""
+    from optimizer.cli.console import STATUS_STYLE
+    from optimizer.engine.jobs import Job
+
+    debug = True if opts.debug else None
+    jobs = [Job(path.resolve(), run_dirs[path].resolve(), not no_cache, not no_bench, debug) for path in loaded]
+    names = {job.recipe_path: loaded[path].name for job, path in zip(jobs, loaded, strict=True)}
+
+    def stage_line(recipe: str, index: int, stage: str, status: str, reason: str | None) -> None:
+        style = STATUS_STYLE.get(status, "white")
+        why = f": {reason}" if reason else ""
+        opts.out.print(f"{recipe}: {index:02d} {stage} [{style}]{status}[/]{why}", highlight=False, soft_wrap=True)
+
+    def done_line(result: Any) -> None:
+        what = "failed to run" if result.error else "interrupted" if result.interrupted else "done"
+        opts.out.print(f"{names[result.job.recipe_path]}: {what} ({result.wall_seconds:.1f} s)", highlight=False)
+
+    start = time.perf_counter()
+    recipe_of = {job.recipe_path: loaded[path] for job, path in zip(jobs, loaded, strict=True)}
+
+    def progress_report(job: Any, records: list[Any]) -> None:
+        """The recipe's report after each of its stages, marked incomplete, as a serial compile writes it (the
+        driver writes it: workers write no report)."""
+        from optimizer.report.build import write_report
+
+        with contextlib.suppress(OptimizerError):  # the final report is written all the same, and says what failed
+            write_report(recipe_of[job.recipe_path], records, job.run_dir, time.perf_counter() - start,
+                         in_progress=True)
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    interrupted = False
+    if backend == "ray":
+        from optimizer.engine.ray_backend import run_ray
+
+        results = run_ray(jobs, address, num_cpus=1, local_cpus=max(workers, 2), on_done=done_line)
+    else:
+        from optimizer.engine.pool import Interrupted, run_pool
+
+        try:
+            results = run_pool(jobs, workers, stage_line, done_line, progress_report)
+        except Interrupted as e:
+            interrupted, results = True, e.results
+    codes = []
+    for job, path in zip(jobs, loaded, strict=True):
+        result = next(x for x in results if x.job.recipe_path == job.recipe_path)
+        if result.error:
+            opts.err.print(f"[red]error:[/] {path}: {result.error}", highlight=False, soft_wrap=True)
+            codes.append(result.error_code)
+            continue
+        codes.append(_exit_code(opts, lambda p=path, x=result: _finish(  # type: ignore[misc]
+            opts, p, loaded[p], x.records, run_dirs[p], x.wall_seconds, no_history, [], x.interrupted, mlflow_uri)))
+    return [130, *codes] if interrupted else codes
 
 
 @app.command("report")

@@ -65,6 +65,9 @@ class PassServices(Protocol):
 
     def session(self, artifact: Artifact, ctx: PassContext, device: str) -> AbstractContextManager[Session]: ...
 
+    def map(self, fn: Callable[[PassContext, Any], Any], items: Sequence[Any], ctx: PassContext, what: str
+            ) -> list[Any]: ...
+
 
 class PassConfig(BaseModel):
     """Base for every pass's Config: unknown fields are an error, so typos are caught at validate time."""
@@ -108,6 +111,13 @@ class PassContext:
     def session(self, artifact: Artifact, device: str = "cpu") -> AbstractContextManager[Session]:
         """The artifact loaded by its runtime with its runtime options (CPU unless asked: checks run anywhere)."""
         return self.services.session(artifact, self, device)
+
+    def map(self, fn: Callable[[PassContext, Any], Any], items: Sequence[Any], what: str = "") -> list[Any]:
+        """[fn(ctx, item) for item in items], in order; with `optimizer compile --workers N` spread over N worker
+        processes. fn must be picklable (a module-level function or a functools.partial of one, with picklable
+        arguments) and a pure function of its arguments: in a worker it gets a copy of this context (its
+        progress silent, its sessions on threads // N threads). what: the progress line as items finish."""
+        return self.services.map(fn, items, self, what)
 
     def fork(self, stage_dir: Path) -> PassContext:
         """The same context writing into another folder (a pass that runs itself on a part of the artifact)."""

@@ -414,13 +414,16 @@ def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
-    """The bundle timed by the same harness as compile (alone: there is no parent), per reference scenario."""
+    """The bundle timed by the same harness as compile (alone: there is no parent), per reference scenario, holding
+    the host's bench slot as compile's timings do (a compile's timing and this one never overlap)."""
+    from optimizer.measure.bench_slot import bench_slot
     from optimizer.measure.harness import time_calls, warm_up
     from optimizer.measure.stats import LatencyStats
 
     manifest = json.loads((root / MANIFEST).read_text())
     if manifest.get("workload") == "generation":
-        return bench_generation(root, manifest, rounds, iterations)
+        with bench_slot(f"bench {root.name}"):  # its loading too: deploy.generation loads and times in one go
+            return bench_generation(root, manifest, rounds, iterations)
     session = bundle_session(root, manifest)
 
     class Bare:
@@ -428,7 +431,7 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
             return session.run(None, prepared)
 
     out = {}
-    with np.load(root / REFERENCE) as ref:
+    with np.load(root / REFERENCE) as ref, bench_slot(f"bench {root.name}"):
         for scen in sorted({k.split("/")[0] for k in ref.files}):
             feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
             feed = {i.name: feed[i.name] for i in session.get_inputs()}

@@ -26,6 +26,7 @@ from optimizer.core.pass_base import PassContext
 from optimizer.core.registry import pass_class
 from optimizer.core.stage import StageRecord
 from optimizer.engine import rundir as rd
+from optimizer.measure.bench_slot import bench_slot, collect_windows
 from optimizer.measure.forward import MEASURE_VERSION, Reference, measure_stage
 from optimizer.measure.services import MeasureServices
 from optimizer.recipe.schema import SOURCE_STAGE, Recipe, recipe_dict
@@ -154,10 +155,11 @@ class Pipeline:
         use_cache: bool = True,
         measure: bool = True,
         debug: bool | None = None,
+        workers: int = 1,
     ) -> None:
         self.recipe = recipe
         self.debug = debug_from_env() if debug is None else debug
-        self.services = MeasureServices()
+        self.services = MeasureServices(workers)  # workers: processes for ctx.map (the hybrid search's fan-out)
         self.measure = measure
         self.run = rd.RunDir(out_dir.resolve())  # absolute: artifact paths in the report work from anywhere
         self.events = events or NullEvents()
@@ -217,7 +219,9 @@ class Pipeline:
 
         path = self.run.root / "machine.json"
         data = (rd.read_json(path) or {}) if when == "after_ms" else {}
-        data[when] = round(calibration_ms(), 4)
+        with collect_windows() as windows, bench_slot(f"calibration {when.removesuffix('_ms')}"):
+            data[when] = round(calibration_ms(), 4)
+        data["timed_windows"] = [*data.get("timed_windows", []), *(w.to_json() for w in windows)]
         rd.write_json(path, data)
 
     def _sweep(self) -> None:
@@ -238,7 +242,9 @@ class Pipeline:
             return
         label = StageRecord(len(self.records), f"batch sweep of {stage.name}", "sweep", stage.name)
         self.events.stage_start(label)
-        result = run_sweep(self.recipe, stage, self._progress(label))
+        with collect_windows() as windows, bench_slot(f"{stage.name} batch sweep"):
+            result = run_sweep(self.recipe, stage, self._progress(label))
+        result["timed_windows"] = [w.to_json() for w in windows]
         label.status = "ran"
         self.events.stage_end(label)
         rd.write_json(path, {"key": key, "result": result})
@@ -261,7 +267,8 @@ class Pipeline:
             else:
                 self._pass(rec)
             unrunnable = runner_reason(rec.artifact, self.recipe) if rec.ok and rec.artifact else None
-            if unrunnable and rec.index == 0:  # no reference without stage 0: nothing could be measured
+            # No reference without stage 0: a measuring run stops there; a build-only run (--no-bench) goes on.
+            if unrunnable and rec.index == 0 and self.measure:
                 rec.status, rec.reason = "failed", f"target.device {self.recipe.target.device}: {unrunnable}"
                 rec.notes["error_kind"] = "input"
             elif unrunnable:  # built, but this machine cannot run it on the target: keep it for later passes
@@ -388,13 +395,16 @@ class Pipeline:
             ctx = PassContext(self.recipe, rec.name, building, self.feeds, self.services, done, self._progress(rec))
             start = time.perf_counter()
             try:
-                result = instance.run(parent.artifact, ctx)
+                with collect_windows() as windows:  # the pass's own timings (ctx.time), e.g. the hybrid search
+                    result = instance.run(parent.artifact, ctx)
             except BaseException:
                 shutil.rmtree(building, ignore_errors=True)  # a half-built stage is never kept
                 raise
             rec.pass_seconds = time.perf_counter() - start
             rebuilt = rec.notes.get("cache")
             rec.notes = dict(result.notes) | ({"cache": rebuilt} if rebuilt else {})
+            if windows:
+                rec.notes["timed_windows"] = [w.to_json() for w in windows]
             info = {
                 "key": rec.key,
                 "status": "ran",
@@ -469,19 +479,24 @@ class Pipeline:
         measure_fn = measure_stage
         if self.recipe.workload == "generation":
             from optimizer.measure.generation import measure_generation_stage as measure_fn  # type: ignore[assignment]
-        metrics, new_ref = measure_fn(
-            rec.artifact,
-            parent_artifact,
-            self.recipe,
-            self.feeds,
-            self.reference if rec.index > 0 else None,
-            self._progress(rec),
-        )
+        # The measurement holds the host's bench slot while it times (its windows); loading and the accuracy run
+        # may overlap other compiles' build work.
+        with collect_windows() as windows:
+            metrics, new_ref = measure_fn(
+                rec.artifact,
+                parent_artifact,
+                self.recipe,
+                self.feeds,
+                self.reference if rec.index > 0 else None,
+                self._progress(rec),
+                label=rec.name,
+            )
         rec.bench_seconds = time.perf_counter() - start
         from optimizer.runtime.onnx_io import graph_stats
 
         metrics["graph"] = graph_stats(rec.artifact)
         metrics["size_bytes"] = rec.artifact.size_bytes()
+        metrics["timed_windows"] = [w.to_json() for w in windows]
         StageMetrics.model_validate(metrics)  # what the report will read: a misfit is ours, found here
         rec.metrics = metrics
         if new_ref is not None and rec is source:

@@ -13,6 +13,7 @@ import numpy as np
 from optimizer.core.artifact import Artifact
 from optimizer.core.pass_base import Check, Feed, PassContext
 from optimizer.measure.accuracy import AccuracyMeter, generation_agreement, mask_of
+from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.harness import Timed, measure
 from optimizer.measure.stats import LatencyStats, speedup
 from optimizer.runtime.generation import Generation
@@ -21,7 +22,26 @@ from optimizer.runtime.runners.base import Session
 
 
 class MeasureServices:
-    """PassServices backed by measure.accuracy, measure.harness and runtime.runners."""
+    """PassServices backed by measure.accuracy, measure.harness and runtime.runners. workers: processes ctx.map
+    spreads its items over (1: in this process, one after another)."""
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = max(1, workers)
+
+    def map(self, fn: Callable[[PassContext, Any], Any], items: Sequence[Any], ctx: PassContext, what: str = ""
+            ) -> list[Any]:
+        items = list(items)
+        workers = min(self.workers, len(items))
+        if workers > 1:
+            from optimizer.measure.fanout import fan_out
+
+            return fan_out(fn, items, ctx, workers, MeasureServices, what)
+        results = []
+        for i, item in enumerate(items, start=1):
+            results.append(fn(ctx, item))
+            if what:
+                ctx.progress(what, i, len(items))
+        return results
 
     def session(self, artifact: Artifact, ctx: PassContext, device: str = "cpu") -> AbstractContextManager[Session]:
         return runner_for(artifact, ctx.recipe, device=device).load()
@@ -59,7 +79,8 @@ class MeasureServices:
         with self._open(reference, ctx) as parent_session, self._open(candidate, ctx) as child_session:
             parent = Timed(parent_session, [parent_session.prepare(f) for f in inputs])
             child = Timed(child_session, [child_session.prepare(f) for f in inputs])
-            measure(child, parent, settings)
+            with bench_slot(f"{ctx.stage_name} hybrid timing"):  # sessions load outside it: that is build work
+                measure(child, parent, settings)
         s = speedup(parent.rounds, child.rounds, settings.confidence)
         return {
             "speedup": s.ratio,

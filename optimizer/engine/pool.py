@@ -1,0 +1,95 @@
+"""A local process pool: one recipe per worker process. Builds run in parallel; timings take turns through the
+host's bench slot (measure.bench_slot). Workers hand back their records; the driver writes reports and history.
+
+Workers start by "spawn" (a fresh interpreter: no forked torch or ONNX Runtime thread pools, no inherited locks).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import queue as queue_mod
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from optimizer.core.stage import StageRecord
+from optimizer.engine.jobs import Job, JobResult, StagesDone, failed_to_start, run_job
+
+StageLine = Callable[[str, int, str, str, str | None], None]  # recipe, index, stage, status, reason
+Done = Callable[[JobResult], None]
+Records = Callable[[Job, list[StageRecord]], None]  # a job's records so far, e.g. for its in-progress report
+
+
+def _sigterm(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _worker_init() -> None:
+    signal.signal(signal.SIGTERM, _sigterm)  # the driver stopping: finished stages are kept, as in a serial run
+
+
+def run_pool(jobs: list[Job], workers: int, on_stage: StageLine | None = None, on_done: Done | None = None,
+             on_records: Records | None = None) -> list[JobResult]:
+    """Every job's result, in the jobs' order; on_stage and on_records are called (in this process) at each
+    stage's end, all before run_pool returns, on_done as each recipe finishes. An interrupt (Ctrl-C, SIGTERM)
+    stops the workers, which keep what they finished."""
+    context = multiprocessing.get_context("spawn")
+    results: dict[int, JobResult] = {}
+    by_path = {job.recipe_path: job for job in jobs}
+    with context.Manager() as manager:
+        events = manager.Queue()
+        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init)
+        futures = {pool.submit(run_job, job, events): i for i, job in enumerate(jobs)}
+        pending = set(futures)
+
+        def drain() -> None:
+            while True:
+                try:
+                    item = events.get_nowait()
+                except (queue_mod.Empty, OSError, EOFError):
+                    return
+                if isinstance(item, StagesDone):
+                    if on_records is not None:
+                        on_records(by_path[item.recipe_path], item.records)
+                elif on_stage is not None:
+                    on_stage(*item)
+
+        def collect(done: set[cf.Future[JobResult]]) -> None:
+            for future in done:
+                i = futures[future]
+                try:
+                    results[i] = future.result()
+                except BaseException as e:  # the worker died (killed, out of memory): this recipe alone fails
+                    results[i] = failed_to_start(jobs[i], e)
+                if on_done is not None:
+                    on_done(results[i])
+
+        try:
+            while pending:
+                done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+                drain()
+                collect(done)
+        except KeyboardInterrupt:
+            for process in list(getattr(pool, "_processes", {}).values()):  # no public handle on the workers
+                if process.is_alive():
+                    process.terminate()  # SIGTERM: the worker's pipeline marks the stage interrupted and returns
+            done, pending = cf.wait(pending, timeout=30)
+            collect(done)
+            for future in pending:
+                i = futures[future]
+                results[i] = JobResult(jobs[i], interrupted=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise Interrupted([results[i] for i in range(len(jobs))]) from None
+        pool.shutdown(wait=True)
+        drain()
+    return [results[i] for i in range(len(jobs))]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Interrupted, with what every job had finished."""
+
+    def __init__(self, results: list[JobResult]) -> None:
+        super().__init__("interrupted")
+        self.results = results
+

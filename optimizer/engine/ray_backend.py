@@ -1,0 +1,106 @@
+"""The same jobs on a Ray cluster (ray 2.x, the optional `ray` extra): `optimizer compile ... --backend ray`.
+
+Each recipe runs in two tasks: a build task (num_cpus; the Pipeline with measure off: export, passes, the hybrid
+search's own timings through the host's bench slot), then, on the same node, a measure task that also asks for the
+custom resource {"bench": 1}: each node offers one, so each node times one recipe at a time, and the host's bench
+slot (measure.bench_slot) still keeps that timing apart from the build tasks' own timings. A recipe whose
+target.device is cuda asks for a GPU: its measure task for a whole one (nothing else on that GPU while it times),
+its build task for a share (it lands on a GPU node, where its measure task must then run). A task on another host
+than the driver works in a temp folder there and hands it back packed (engine.jobs.run_phase and receive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from optimizer.core.errors import OptimizerError
+from optimizer.engine.jobs import Job, JobResult, failed_to_start, merge_phases, receive, run_phase
+from optimizer.measure import bench_slot
+
+
+def _phase(job: Job, driver_host: str, phase: Literal["build", "measure"], workdir: str | None) -> JobResult:
+    import ray
+
+    result = run_phase(job, driver_host, phase, workdir)
+    result.node = ray.get_runtime_context().get_node_id()
+    return result
+
+
+BUILD_GPU_SHARE = 0.25  # a cuda recipe's build task: up to 4 share one GPU (engine builds, CUDA graph capture)
+
+
+def recipe_device(job: Job) -> str:
+    """The job's target.device ("cpu" when the recipe does not load: its task fails with that error)."""
+    from optimizer.recipe.loading import load_recipe
+
+    try:
+        return load_recipe(job.recipe_path).target.device
+    except OptimizerError:
+        return "cpu"
+
+
+def task_options(device: str, phase: Literal["build", "measure"], num_cpus: float, node: str | None = None
+                 ) -> dict[str, Any]:
+    """What one task asks Ray for: num_cpus; a measure task also the node's bench (and, on `node`, where its
+    stage folders were built); a cuda recipe's tasks a GPU (measure) or a share of one (build)."""
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_retries": 0}
+    if phase == "measure":
+        options["resources"] = {"bench": 1}
+        if node is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    if device == "cuda":
+        options["num_gpus"] = 1 if phase == "measure" else BUILD_GPU_SHARE
+    return options
+
+
+def run_ray(jobs: list[Job], address: str | None, num_cpus: float = 1, local_cpus: int = 2,
+            on_done: Callable[[JobResult], None] | None = None) -> list[JobResult]:
+    """Every job's result in the jobs' order, each placed in its run folder. num_cpus: what each task asks for.
+    With no address (and no Ray already started in this process) a local Ray starts here with local_cpus and one
+    bench, and stops at the end; with one, the cluster there is joined."""
+    try:
+        import ray
+    except ImportError as e:
+        raise OptimizerError(f"--backend ray: ray is not installed ({e}); pip install 'optimizer[ray]'") from None
+
+    started = not ray.is_initialized()
+    if started:
+        kwargs: dict[str, Any] = (
+            {"address": address} if address else {"num_cpus": local_cpus, "resources": {"bench": 1}}
+        )
+        ray.init(**kwargs, log_to_driver=False, include_dashboard=False)
+    try:
+        driver = bench_slot.hostname()
+        task = ray.remote(_phase)
+        devices = [recipe_device(job) for job in jobs]
+        waiting = {
+            task.options(**task_options(devices[i], "build", num_cpus)).remote(job, driver, "build", None): (i, "build")
+            for i, job in enumerate(jobs)
+        }
+        built: dict[int, JobResult] = {}
+        results: dict[int, JobResult] = {}
+        while waiting:
+            ready, _ = ray.wait(list(waiting), num_returns=1)
+            i, phase = waiting.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except Exception as e:  # the task itself died (its node went away): this recipe alone fails
+                result = failed_to_start(jobs[i], e)
+            if phase == "build" and jobs[i].measure and result.error is None and not result.interrupted:
+                # measure where it was built: the stage folders are there
+                options = task_options(devices[i], "measure", num_cpus, result.node)
+                ref = task.options(**options).remote(jobs[i], driver, "measure", result.workdir)
+                waiting[ref], built[i] = (i, "measure"), result
+                continue
+            if phase == "measure" and not result.error:
+                result = merge_phases(built[i], result)
+            results[i] = receive(result)
+            if on_done is not None:
+                on_done(results[i])
+        return [results[i] for i in range(len(jobs))]
+    finally:
+        if started:
+            ray.shutdown()
