@@ -5,10 +5,12 @@ not to. If that happened silently in every ONNX stage, ORT's work would be credi
 first. So the export stage is measured with optimizations off, and this stage switches them on: the graph is
 the same file, only the session options differ, and the difference in latency is ORT's own.
 
-The same holds for the thread pools: whether idle intra-op threads spin (`allow_spinning`) and how many there
-are (`intra_op_threads`) are session options the stage sets, so a stage such as
+The same holds for the thread pools: whether idle intra-op threads spin (`allow_spinning`), how many there
+are (`intra_op_threads`) and whether the sessions share ONNX Runtime's one process-wide pool instead of keeping
+one each (`shared_thread_pool`) are session options the stage sets, so a stage such as
 `{type: ort_session, name: no_spin, config: {allow_spinning: false}}` is timed against its parent like any pass.
-A generation artifact's two sessions (prefill and decode) both get them.
+A generation artifact's two sessions (prefill and decode) both get them; the stage records what they run with
+(notes.threads: pool, intra-op threads, spinning).
 
 The graph ORT produces is also saved (ort_optimized.onnx; for a generation artifact also
 ort_optimized_decode.onnx, the graph run per token) so its node count shows what ORT fused.
@@ -25,6 +27,8 @@ from pydantic import Field
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError, PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.runtime.sessions import thread_settings
+from optimizer.runtime.threads import target_threads
 
 
 class OrtSessionConfig(PassConfig):
@@ -42,7 +46,25 @@ class OrtSessionConfig(PassConfig):
         description="intra-op threads of each session this stage opens (a generation loop opens two); none: as "
         "the input stage has it (target.threads unless an earlier stage set it)",
     )
+    shared_thread_pool: bool | None = Field(
+        default=None,
+        description="run every session on ONNX Runtime's process-wide pool (use_per_session_threads off; the pool "
+        "is sized once per process from intra_op_threads and, from Python, always spins) instead of a pool per "
+        "session; none: as the input stage has it (a pool per session unless an earlier stage set it)",
+    )
     save_optimized: bool = True
+
+
+# Why a shared pool is not a stage (measured with onnxruntime 1.32): Python can create ORT's process-wide pools
+# (set_global_thread_pool_sizes, once per process), but from then on ORT refuses every session that keeps its own
+# pool ("use_per_session_threads must be false when using a global thread pool", onnxruntime_pybind_state.cc),
+# so a shared-pool stage and its per-session parent cannot be timed interleaved in one process; and the pool's
+# spinning cannot be switched off from Python (the C API's SetGlobalSpinControl is not bound).
+SHARED_POOL_REASON = (
+    "shared_thread_pool cannot be timed against its parent: once onnxruntime's process-wide pool exists (Python: "
+    "set_global_thread_pool_sizes) it refuses every session with a pool of its own, so parent and child cannot "
+    "be interleaved in one process; a deployment whose every session uses it can (runtime.shared_thread_pool)"
+)
 
 
 class OrtSessionPass(Pass):
@@ -50,9 +72,15 @@ class OrtSessionPass(Pass):
     summary = "ONNX Runtime's own graph optimizations and thread-pool settings, switched on as a stage of their own"
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
-    version = 2  # 2: a generation artifact's decode graph optimized and saved too
+    version = 3  # 2: a generation artifact's decode graph optimized and saved too; 3: shared_thread_pool, notes
     requires = ("onnxruntime",)
     handles_generation = True
+
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
+        if cfg.shared_thread_pool:
+            return SHARED_POOL_REASON
+        return super().skip_reason(artifact, ctx)
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
@@ -65,7 +93,10 @@ class OrtSessionPass(Pass):
             shutil.copyfile(f, ctx.stage_dir / (model_path.name if f == artifact.path else f.name))
         runtime = session_runtime(cfg)
         out = artifact.derive(path=model_path, runtime={**artifact.runtime, **runtime})
-        notes: dict[str, object] = {"session_options": runtime}
+        notes: dict[str, object] = {
+            "session_options": runtime,
+            "threads": thread_settings(out.runtime, target_threads(ctx.recipe)),
+        }
         if cfg.save_optimized:
             notes["ort_optimized_graph"] = self._optimized(model_path, "ort_optimized.onnx", out, ctx)
             decode = out.decode_path()
@@ -78,7 +109,6 @@ class OrtSessionPass(Pass):
         """The graph as ORT runs it under these options, saved beside the stage, and its op histogram."""
         from optimizer.runtime import onnx_io
         from optimizer.runtime.sessions import ort_session
-        from optimizer.runtime.threads import target_threads
 
         optimized = ctx.stage_dir / name
         try:
@@ -101,4 +131,6 @@ def session_runtime(cfg: OrtSessionConfig) -> dict[str, Any]:
         runtime["allow_spinning"] = cfg.allow_spinning
     if cfg.intra_op_threads is not None:
         runtime["intra_op_threads"] = cfg.intra_op_threads
+    if cfg.shared_thread_pool is not None:
+        runtime["shared_thread_pool"] = cfg.shared_thread_pool
     return runtime

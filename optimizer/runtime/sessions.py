@@ -57,7 +57,8 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
     measured as a stage): graph_optimization_level, execution_mode, inter_op_threads; intra_op_threads (default:
     `threads`, the target's); allow_spinning (absent or None: ORT's default, spinning on). The generation loop's
     prefill and decode sessions each get their own pools, and spinning threads of one compete with the other's
-    for the cores; allow_spinning false makes idle threads sleep instead."""
+    for the cores; allow_spinning false makes idle threads sleep instead. shared_thread_pool: every session runs
+    on ONNX Runtime's one process-wide pool (see shared_pool) instead of a pool of its own."""
     import onnxruntime as ort
 
     level = runtime.get("graph_optimization_level", "disable_all")
@@ -68,8 +69,17 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
-    so.intra_op_num_threads = int(runtime.get("intra_op_threads") or threads)
-    so.inter_op_num_threads = int(runtime.get("inter_op_threads", 1))
+    intra, inter = int(runtime.get("intra_op_threads") or threads), int(runtime.get("inter_op_threads", 1))
+    if runtime.get("shared_thread_pool"):
+        shared_pool(intra, inter)
+        so.use_per_session_threads = False  # sizes stay 0: ORT warns that a session's sizes are ignored here
+    elif _SHARED_POOL:  # ORT's own refusal is a multi-line EP error followed by a retry that fails alike
+        raise OptimizerError(
+            "runtime.shared_thread_pool: this process runs onnxruntime's shared pool, and onnxruntime then refuses "
+            "a session with a pool of its own (use_per_session_threads must be false)"
+        )
+    else:
+        so.intra_op_num_threads, so.inter_op_num_threads = intra, inter
     so.execution_mode = (
         ort.ExecutionMode.ORT_PARALLEL
         if runtime.get("execution_mode") == "parallel"
@@ -77,12 +87,49 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
     )
     so.log_severity_level = 3
     spinning = runtime.get("allow_spinning")
-    if spinning is not None:  # both pools: the inter-op pool exists only in parallel mode, and spins alike
+    if spinning is not None and not runtime.get("shared_thread_pool"):  # both pools; the shared one ignores it
         for key in SPIN_KEYS:
             so.add_session_config_entry(key, "1" if spinning else "0")
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     return so
+
+
+# ONNX Runtime creates its global (process-wide) pools once; Python can size them but never resize them.
+_SHARED_POOL: dict[str, int] = {}
+
+
+def shared_pool(intra: int, inter: int = 1) -> dict[str, Any]:
+    """ONNX Runtime's process-wide intra/inter-op pools, created on first use; sessions opened with
+    use_per_session_threads = False run on them (the prefill and decode sessions then share one pool instead of
+    keeping two). From Python only their sizes can be set (onnxruntime.set_global_thread_pool_sizes): the C API's
+    SetGlobalSpinControl is not exposed, so the shared pool spins (ORT's default) and a session's allow_spinning
+    does not reach it. A second size in one process cannot be had, nor, once it exists, a session with a pool of
+    its own (ORT refuses it): one-line errors. So it is all or nothing for a process (a deployment's choice)."""
+    import onnxruntime as ort
+
+    if not _SHARED_POOL:
+        try:
+            ort.set_global_thread_pool_sizes(intra, inter)
+        except Exception as e:  # ORT's Fail: the global pools exist already (created outside this module)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise OptimizerError(f"runtime.shared_thread_pool: onnxruntime cannot create its pools: {first}") from e
+        _SHARED_POOL.update(intra_op_threads=intra, inter_op_threads=inter)
+    elif (_SHARED_POOL["intra_op_threads"], _SHARED_POOL["inter_op_threads"]) != (intra, inter):
+        raise OptimizerError(
+            f"runtime.shared_thread_pool: this process's shared pool has {_SHARED_POOL['intra_op_threads']} intra-op"
+            f" threads; {intra} asked (ONNX Runtime creates its global pools once per process)"
+        )
+    return {**_SHARED_POOL, "allow_spinning": True}
+
+
+def thread_settings(runtime: dict[str, Any], threads: int) -> dict[str, Any]:
+    """What the sessions of an artifact will run with, as a stage records it: the pool (per session or shared),
+    its intra-op threads and whether idle threads spin (None: ORT's default, on)."""
+    intra = int(runtime.get("intra_op_threads") or threads)
+    if runtime.get("shared_thread_pool"):
+        return {"pool": "shared", "intra_op_threads": intra, "allow_spinning": True}
+    return {"pool": "per_session", "intra_op_threads": intra, "allow_spinning": runtime.get("allow_spinning")}
 
 
 CUDA_PROVIDER_KEYS = ("enable_cuda_graph", "has_user_compute_stream", "user_compute_stream")

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
@@ -37,6 +37,21 @@ class HybridSettings(PassConfig):
         "nodes within speed_tolerance of the fastest; most_int8: the largest set within budget, untimed",
     )
     speed_tolerance: float = Field(default=0.03, ge=0, lt=1, description="speed given up for fewer INT8 nodes")
+    candidates: list[Literal["static", "attention_core"]] = Field(
+        default_factory=list,
+        description="forms of the chosen INT8 set also tried, each kept only if within budget and faster (timed "
+        "head to head against the set): static = calibrated QDQ activations for its MatMuls (variants.py); "
+        "attention_core = QK^T and probabilities x V in INT8 too (attention.py); each a line in hybrid_search.json",
+    )
+
+
+class SmoothSettings(PassConfig):
+    """SmoothQuant-style activation smoothing before INT8 (smooth.py): exact in FP32, fewer outlier channels."""
+
+    alpha: float = Field(default=0.7, ge=0, le=1, description="migration strength: s = max|X|^a / max|W|^(1-a)")
+    nodes: list[str] = Field(
+        default_factory=list, description="MatMul / Attention nodes to smooth; empty: every node the mode may quantize"
+    )
 
 
 class QuantizeConfig(PassConfig):
@@ -54,9 +69,25 @@ class QuantizeConfig(PassConfig):
     op_block_list: list[str] = Field(default_factory=list, description="fp16: op types kept in FP32")
     node_block_list: list[str] = Field(default_factory=list, description="fp16: nodes kept in FP32")
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
+    smooth: SmoothSettings | None = Field(
+        default=None, description="int8_dynamic, int8_static, hybrid: smooth activations into weights first"
+    )
+    attention_core: Literal["fp32", "int8"] = Field(
+        default="fp32",
+        description="int8_dynamic: fp32 keeps ORT's fused attention (QAttention: the QKV projection in INT8); int8 "
+        "writes com.microsoft Attention back as MatMuls and quantizes QK^T and probabilities x V too",
+    )
     weight_only: WeightOnlySettings = Field(
         default_factory=WeightOnlySettings, description="weight_only: MatMul weights in 4 or 8 bits (MatMulNBits)"
     )
+
+    @model_validator(mode="after")
+    def _options_of_the_mode(self) -> QuantizeConfig:
+        if self.smooth is not None and self.mode not in ("int8_dynamic", "int8_static", "hybrid"):
+            raise ValueError(f"smooth applies to int8_dynamic, int8_static and hybrid, not {self.mode}")
+        if self.attention_core == "int8" and self.mode != "int8_dynamic":
+            raise ValueError(f"attention_core: int8 applies to int8_dynamic (hybrid: candidates), not {self.mode}")
+        return self
 
 
 def symmetric_activations(cfg: QuantizeConfig, device: str) -> bool:
@@ -82,8 +113,6 @@ class QuantizePass(Pass):
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
         if artifact.decode and cfg.mode not in ("int8_dynamic", "fp16", "weight_only"):
             return f"{cfg.mode} on generation graphs is not supported yet (int8_dynamic, fp16 and weight_only are)"
-        if cfg.mode == "hybrid" and ctx.recipe.target.device != "cpu":
-            return "hybrid INT8/FP16 for CUDA is not implemented yet (the CPU search uses FP32 as high precision)"
         return super().skip_reason(artifact, ctx) or self._nothing_to_quantize(artifact)
 
     def _nothing_to_quantize(self, artifact: Artifact) -> str | None:
@@ -147,7 +176,7 @@ class QuantizePass(Pass):
         progress = ctx.progress
         try:
             if cfg.mode in ("int8_dynamic", "int8_static"):
-                notes.update(self._int8(src, dst, ctx, cfg))
+                notes.update(self._int8(src, dst, ctx, cfg, artifact.runtime))
             elif cfg.mode == "fp16":
                 model = modes.fp16(onnx_io.load(src), cfg.keep_io_types, cfg.op_block_list, cfg.node_block_list)
                 onnx_io.save(model, dst)
@@ -155,6 +184,10 @@ class QuantizePass(Pass):
                 from passes.quantize import weight_only
 
                 notes.update(weight_only.quantize(src, dst, cfg.weight_only, cfg.exclude_nodes))
+            elif ctx.recipe.target.device != "cpu":  # INT8 / FP16 / FP32 per node, simulated on the CPU
+                from passes.quantize import hybrid_gpu
+
+                notes.update(hybrid_gpu.run(src, dst, artifact, ctx, cfg))
             else:
                 notes.update(self._hybrid(src, dst, artifact, ctx, cfg, progress))
         except PassError:
@@ -185,22 +218,32 @@ class QuantizePass(Pass):
         out = artifact.derive(path=dst, external_data=external)
         return PassResult(out, modified=True, notes=notes)
 
-    def _int8(self, src: Path, dst: Path, ctx: PassContext, cfg: QuantizeConfig) -> dict[str, object]:
+    def _int8(
+        self, src: Path, dst: Path, ctx: PassContext, cfg: QuantizeConfig, runtime: dict | None = None
+    ) -> dict[str, object]:
         """int8_dynamic or int8_static of `src` into `dst`, FusedConv nodes un-fused first (modes.unfuse_convs);
         a result with no quantized tensor is a failure, not a stage that ran."""
         from optimizer.runtime import onnx_io
         from passes.quantize import modes
         from passes.quantize.calibration import FeedReader, calibration_feeds
+        from passes.quantize.variants import preprocess
 
-        notes: dict[str, object] = {}
         work = ctx.stage_dir / "input_int8.onnx"
+        # Smoothing (cfg.smooth) and the INT8 attention core (cfg.attention_core) rewrite the FP32 graph first.
+        prepared = ctx.stage_dir / "input_prepared.onnx"
+        src, notes, core = preprocess(src, prepared, cfg, ctx, runtime or {})
         per_channel_qdq = cfg.per_channel and cfg.mode == "int8_static"
         with modes.quantizer_input(src, work, cfg.op_types, per_channel_qdq) as (plain, unfused):
             if unfused.convs:
                 notes["unfused_convs"] = len(unfused.convs)
             if unfused.kept:
                 notes["kept_fused"] = unfused.kept  # an activation with no standard op: stays FusedConv, FP32
-            if cfg.mode == "int8_dynamic":
+            if cfg.mode == "int8_dynamic" and core:
+                graph = onnx_io.load(plain, with_weights=False)
+                ops = sorted({*cfg.op_types, "MatMul"})
+                wanted = [n for n in modes.quantizable_nodes(graph, ops) if n not in cfg.exclude_nodes] + core
+                modes.int8_dynamic(plain, dst, cfg.per_channel, ops, wanted, cfg.exclude_nodes, const_b_only=False)
+            elif cfg.mode == "int8_dynamic":
                 modes.int8_dynamic(plain, dst, cfg.per_channel, cfg.op_types, None, cfg.exclude_nodes)
             else:
                 feeds, info = calibration_feeds(ctx.recipe, cfg.calibration.samples, ctx.progress, all_scenarios=False)
@@ -219,6 +262,8 @@ class QuantizePass(Pass):
                     cfg.calibration.percentile,
                 )
             before = modes.quantized_op_count(onnx_io.load(plain, with_weights=False))
+        for f in ctx.stage_dir.glob(prepared.name + "*"):
+            f.unlink()
         if modes.quantized_op_count(onnx_io.load(dst, with_weights=False)) <= before:
             raise PassError(
                 f"{cfg.mode} quantized nothing: ORT's quantizer wrote no quantized node for op_types {cfg.op_types}"
@@ -269,7 +314,17 @@ class QuantizePass(Pass):
         work = ctx.stage_dir / "search"
         work.mkdir()
         chosen = hybrid.search(src, work, nodes, evaluator, state, cfg.per_channel, cfg.op_types, progress)
-        if chosen:
+        techniques: list[dict[str, object]] = []
+        form = "dynamic"
+        if cfg.smooth is not None or cfg.hybrid.candidates:
+            from passes.quantize import variants
+
+            start = variants.Choice(work / "chosen.onnx" if chosen else src, src, chosen)
+            start.cosine = next((p["cosine"] for p in state.points if p["int8_nodes"] == len(chosen)), 1.0)
+            final, techniques = variants.improve(start, nodes, evaluator, state, cfg, feeds, work, ctx, progress)
+            variants.write(final, src, dst)
+            chosen, form = final.int8, final.form
+        elif chosen:
             shutil.copyfile(work / "chosen.onnx", dst)
         else:
             shutil.copyfile(src, dst)
@@ -294,6 +349,9 @@ class QuantizePass(Pass):
             "accuracy_points": state.points,
             "timings": state.timings,  # each set vs the FP32 input, interleaved: speedup, 95% interval, P50s
             "decision": state.decision,
+            # smoothing, static activations, INT8 attention core: one line each, its accuracy, speed and gain
+            "techniques": techniques,
+            "form": form,
         }
         (ctx.stage_dir / "hybrid_search.json").write_text(json.dumps(search_record, indent=1))
         verdict = (
@@ -311,5 +369,9 @@ class QuantizePass(Pass):
             "most_sensitive": table[:5],
             "search_points": state.points,
             "timings": state.timings,
+            "form": form,
+            "techniques": [
+                {k: t[k] for k in ("technique", "kept", "why", "int8_nodes", "gain") if k in t} for t in techniques
+            ],
             "files": ["sensitivity.json", "hybrid_search.json"],
         }

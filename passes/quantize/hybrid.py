@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import shutil
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,15 @@ class Evaluator:
 
     def _artifact(self, path: Path) -> Artifact:
         return Artifact("onnx", path, dict(self.runtime))
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to ctx.map's workers without the context: see on()
+        return {k: v for k, v in self.__dict__.items() if k != "ctx"}
+
+    def on(self, ctx: PassContext) -> Evaluator:
+        """This evaluator through another context (a ctx.map worker's)."""
+        copy = Evaluator.__new__(Evaluator)
+        copy.__dict__.update(self.__getstate__(), ctx=ctx)
+        return copy
 
     def accuracy(self, path: Path) -> dict[str, float]:
         """The judged output's worst per-sample cosine (or pooled cosine) over the search inputs, and the mean of
@@ -122,11 +132,9 @@ def search(
 ) -> list[str]:
     """The INT8 node set chosen (possibly empty); fills state."""
     total = len(nodes)
-    for i, node in enumerate(nodes):
-        path = work / "single.onnx"
-        int8_dynamic(src, path, per_channel, ops, [node], [])
-        state.sensitivity[node] = 1.0 - evaluator.cosine(path)
-        progress("sensitivity per node", i + 1, total)
+    single = partial(int8_sensitivity, evaluator, src, work, per_channel, ops)
+    state.sensitivity.update(zip(nodes, evaluator.ctx.map(single, list(enumerate(nodes)), "sensitivity per node"),
+                                 strict=True))
     order = sorted(nodes, key=lambda n: state.sensitivity[n])
     target = state.budget + state.margin
     tried: dict[int, dict[str, float]] = {}
@@ -164,6 +172,19 @@ def search(
         state.decision = f"the largest set within budget ({lo} nodes; choose: {state.choose})"
     shutil.copyfile(build(chosen), work / "chosen.onnx")
     return order[:chosen]
+
+
+def int8_sensitivity(evaluator: Evaluator, src: Path, work: Path, per_channel: bool, ops: list[str],
+                     ctx: PassContext, item: tuple[int, str]) -> float:
+    """1 - cosine with node `item` alone in INT8: a pure function of the graph, the search inputs and the node,
+    so ctx.map may run it in another process."""
+    i, node = item
+    path = work / f"single{i}.onnx"
+    int8_dynamic(src, path, per_channel, ops, [node], [])
+    try:
+        return 1.0 - evaluator.on(ctx).cosine(path)
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _choose_by_speed(lo: int, build: Any, point: Any, evaluator: Evaluator, state: Search, progress: Any) -> int:

@@ -24,14 +24,25 @@ from typing import Any
 
 from optimizer.core.quiet import quiet
 
+# A tensor ONNX shape inference cannot type (a MatMul fed by a contrib op of `fuse`, e.g. BiasGelu) is FP32 in
+# every graph we quantize; without this, ORT's quantizer stops with "Unable to find data type for weight_name".
+UNTYPED_IS_FLOAT = {"DefaultTensorType": 1}  # onnx.TensorProto.FLOAT, spelled as the int so onnx loads lazily
 DEFAULT_OPS = ["MatMul", "Attention", "Gemm", "Conv"]
 # What onnxruntime's dynamic quantizer rewrites (it leaves Gemm alone: that is for the static modes).
 DYNAMIC_OPS = {"MatMul", "Attention", "Conv", "Gather", "LSTM", "EmbedLayerNormalization"}
 
 
 def int8_dynamic(
-    src: Path, dst: Path, per_channel: bool, ops: list[str], nodes: list[str] | None, exclude: list[str]
+    src: Path,
+    dst: Path,
+    per_channel: bool,
+    ops: list[str],
+    nodes: list[str] | None,
+    exclude: list[str],
+    const_b_only: bool = True,
 ) -> None:
+    """const_b_only=False also quantizes MatMuls whose both inputs are activations (the attention core once
+    attention.unfuse wrote it as MatMuls); pass `nodes` to say which."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet():
@@ -43,6 +54,7 @@ def int8_dynamic(
             op_types_to_quantize=ops,
             nodes_to_quantize=nodes or [],
             nodes_to_exclude=exclude,
+            extra_options={**UNTYPED_IS_FLOAT, **({} if const_b_only else {"MatMulConstBOnly": False})},
         )
 
 
@@ -64,7 +76,8 @@ def int8_static(
         "entropy": CalibrationMethod.Entropy,
         "percentile": CalibrationMethod.Percentile,
     }[method]
-    extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": True, "CalibPercentile": percentile}
+    extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": True, "CalibPercentile": percentile,
+             **UNTYPED_IS_FLOAT}
     with quiet():
         quantize_static(
             str(src),

@@ -1,0 +1,199 @@
+"""Our generation loop against Hugging Face Optimum's ORTModelForCausalLM: same architecture, same weights, same
+prompts, interleaved in one process, the same thread count.
+
+Runs in its own venv (optimum-onnx pins transformers below 4.58; the project's .venv has transformers 5):
+
+    bash scripts/optimum_venv.sh
+    .venv-optimum/bin/python scripts/compare_optimum.py runs/gpt2-cpu [--stage NAME] [--rounds 10] [--prompts 3]
+
+Ours: a stage of a compiled generation run (default: the run's best), its prefill and decode ONNX files through
+our greedy loop (optimizer.runtime.generation, sessions from optimizer.runtime.sessions with the stage's runtime
+settings). Optimum: the same model, saved once with save_pretrained by the project's .venv (the run's recipe,
+its seed: the weights the run exported), exported by Optimum (export=True, use_cache=True) and run with
+generate(max_new_tokens, min_new_tokens, do_sample=False). Rounds alternate which side goes first. Printed per
+side: task time (prompt + new tokens), time to first token, time per output token (P50s), and ours/Optimum with a
+95% interval (bootstrap over rounds, optimizer.measure.stats); the tokens are checked identical (FP32 stages) or
+their agreement given (quantized stages). The target: ours at most 0.6x Optimum's task time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # our package, without installing it in this venv (light deps only)
+QUANTIZED_OPS = ("MatMulNBits", "MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "DynamicQuantizeMatMul")
+
+
+def save_model(run: Path, out: Path) -> None:
+    """In the project's .venv: the run's model (its recipe, its seed), saved with save_pretrained."""
+    from optimizer.recipe.loading import parse_recipe
+    from optimizer.runtime.models import load_module
+
+    report = json.loads((run / "report.json").read_text())
+    load_module(parse_recipe(report["recipe"], str(run / "report.json"))).save_pretrained(out)
+
+
+def pick_stage(report: dict[str, Any], name: str | None) -> dict[str, Any]:
+    name = name or (report.get("best") or {}).get("stage")
+    if not name:
+        raise SystemExit("report.json: no best stage; name one with --stage")
+    stage = next((s for s in report["stages"] if s["name"] == name), None)
+    if stage is None or not stage.get("artifact") or not stage["artifact"].get("decode"):
+        raise SystemExit(f"report.json: stage {name!r} has no generation artifact (prefill + decode ONNX)")
+    return stage
+
+
+def quantized(stage: dict[str, Any]) -> bool:
+    ops = ((stage.get("metrics") or {}).get("graph") or {}).get("op_types") or {}
+    return stage["type"] == "quantize" or any(op.split(".")[-1] in QUANTIZED_OPS for op in ops)
+
+
+def ours(run: Path, stage: dict[str, Any], threads: int) -> Any:
+    from optimizer.runtime.generation import OrtGenerator
+    from optimizer.runtime.sessions import ort_session
+
+    art = stage["artifact"]
+    prefill = Path(art["path"]) if Path(art["path"]).is_absolute() else run / stage["folder"] / Path(art["path"]).name
+    paths = [prefill, prefill.parent / art["decode"]]
+    sessions = [ort_session(p, dict(art.get("runtime") or {}), threads) for p in paths]
+    return OrtGenerator(sessions[0], sessions[1], int(art["layers"]))
+
+
+def optimum(model_dir: Path, threads: int) -> Any:
+    import onnxruntime as ort
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads  # the same count as ours; everything else as Optimum sets it
+    return ORTModelForCausalLM.from_pretrained(
+        model_dir, export=True, use_cache=True, provider="CPUExecutionProvider", session_options=so
+    )
+
+
+class Clock:
+    """A transformers streamer that stamps each put: the first is the prompt, each later one a new token."""
+
+    def __init__(self) -> None:
+        self.stamps: list[int] = []
+
+    def put(self, value: Any) -> None:
+        self.stamps.append(time.perf_counter_ns())
+
+    def end(self) -> None:
+        pass
+
+
+def run_optimum(model: Any, prompt: np.ndarray, new: int) -> dict[str, Any]:
+    import torch
+
+    ids = torch.from_numpy(prompt)
+    clock = Clock()
+    start = time.perf_counter_ns()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        pad_token_id=0,
+        streamer=clock,
+    )
+    e2e = (time.perf_counter_ns() - start) / 1e6
+    tokens = clock.stamps[1:]  # [0]: the prompt, put before any token is made
+    return {
+        "tokens": out[:, prompt.shape[1] :].numpy(),
+        "e2e": e2e,
+        "ttft": (tokens[0] - start) / 1e6,
+        "tpot": list(np.diff(tokens) / 1e6),
+    }
+
+
+def run_ours(gen: Any, prompt: np.ndarray, new: int) -> dict[str, Any]:
+    g = gen.generate(prompt, new, keep_logits=False)
+    return {"tokens": g.tokens, "e2e": g.e2e_ms, "ttft": g.ttft_ms, "tpot": list(g.tpot_ms)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a compiled generation run folder (report.json inside)")
+    ap.add_argument("--stage", help="default: the run's best stage")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=3, help="prompts per round (random ids, fixed seed)")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--threads", type=int, help="default: the run's target.threads")
+    ap.add_argument("--save-model", type=Path, help=argparse.SUPPRESS)  # internal: run in the project's .venv
+    ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"), help="the project's venv python")
+    args = ap.parse_args()
+    if args.save_model:
+        save_model(args.run, args.save_model)
+        return
+
+    from optimizer.measure.stats import speedup
+
+    report = json.loads((args.run / "report.json").read_text())
+    stage = pick_stage(report, args.stage)
+    threads = args.threads or int(report["recipe"].get("target", {}).get("threads") or 2)
+    vocab = int(report["recipe"]["model"]["config"].get("vocab_size", 8000))
+    with tempfile.TemporaryDirectory(prefix="optimum-cmp-") as tmp:
+        model_dir = Path(tmp) / "model"
+        cmd = [args.python, __file__, str(args.run), "--save-model", str(model_dir)]
+        subprocess.run(cmd, check=True)
+        sides = {"ours": ours(args.run, stage, threads), "optimum": optimum(model_dir, threads)}
+        run = {"ours": run_ours, "optimum": run_optimum}
+        prompts = [np.random.default_rng(i).integers(1, vocab, (1, args.prompt_len)) for i in range(args.prompts)]
+        for name, gen in sides.items():  # warm-up: first-call allocations, ORT's lazy initialization
+            run[name](gen, prompts[0], args.new)
+        rounds: dict[str, dict[str, list[list[float]]]] = {s: {"e2e": [], "ttft": [], "tpot": []} for s in sides}
+        tokens: dict[str, list[np.ndarray]] = {s: [] for s in sides}
+        for r in range(args.rounds):
+            order = list(sides) if r % 2 == 0 else list(sides)[::-1]  # alternate who goes first
+            got: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+            for prompt in prompts:
+                for name in order:
+                    got[name].append(run[name](sides[name], prompt, args.new))
+            for name, results in got.items():
+                rounds[name]["e2e"].append([x["e2e"] for x in results])
+                rounds[name]["ttft"].append([x["ttft"] for x in results])
+                rounds[name]["tpot"].append([t for x in results for t in x["tpot"]])
+                if r == 0:
+                    tokens[name] = [x["tokens"] for x in results]
+    same = [np.array_equal(a, b) for a, b in zip(tokens["ours"], tokens["optimum"], strict=True)]
+    agree = float(np.mean([np.mean(a == b) for a, b in zip(tokens["ours"], tokens["optimum"], strict=True)]))
+    print(
+        f"stage {stage['name']} ({'quantized' if quantized(stage) else 'FP32'}) of {args.run}; {threads} threads; "
+        f"{args.prompts} prompts x {args.rounds} rounds; prompt {args.prompt_len} + {args.new} new tokens"
+    )
+    print(f"{'metric':<22}{'ours p50 ms':>12}{'optimum p50 ms':>16}{'ours/optimum':>14}  95% interval")
+    result: dict[str, Any] = {"stage": stage["name"], "threads": threads, "rounds": args.rounds}
+    for metric, label in (("e2e", "task time"), ("ttft", "time to first token"), ("tpot", "time per output token")):
+        a, b = rounds["ours"][metric], rounds["optimum"][metric]
+        s = speedup(a, b)  # parent/child medians: here ours/optimum
+        pa, pb = float(np.median(np.concatenate(a))), float(np.median(np.concatenate(b)))
+        print(f"{label:<22}{pa:>12.2f}{pb:>16.2f}{s.ratio:>13.2f}x  [{s.low:.2f}, {s.high:.2f}]")
+        result[metric] = {"ours_p50_ms": pa, "optimum_p50_ms": pb, "ratio": s.ratio, "low": s.low, "high": s.high}
+    if quantized(stage):
+        print(f"tokens: agreement {agree:.3f} with Optimum's FP32 model (a quantized stage)")
+    else:
+        print(
+            f"tokens: {'identical' if all(same) else 'DIFFERENT'} on {sum(same)}/{len(same)} prompts "
+            f"(agreement {agree:.3f})"
+        )
+    target = result["e2e"]["ratio"] <= 0.6
+    print(f"target ours <= 0.6x Optimum's task time: {'met' if target else 'not met'} ({result['e2e']['ratio']:.2f}x)")
+    result.update(tokens_identical=all(same), token_agreement=agree, target_met=target)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
