@@ -25,7 +25,7 @@ atexit.register(lambda: print("HEAVY:" + ",".join(m for m in {HEAVY!r} if m in s
 from optimizer.cli.app import main
 main(sys.argv[1:])
 """
-COMMANDS = ["validate", "compile", "report", "passes", "runs", "diff", "export", "verify", "bench", "select"]
+COMMANDS = ["validate", "compile", "report", "passes", "runs", "diff", "export", "verify", "bench", "select", "compare"]
 
 
 def heavy_imports(*args: str) -> list[str]:

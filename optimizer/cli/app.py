@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from optimizer.cli import compare as compare_cmds
 from optimizer.cli import compile as compile_cmds
 from optimizer.cli import runs as runs_cmds
 from optimizer.cli.options import CliOptions
@@ -20,6 +21,7 @@ from optimizer.core.errors import OptimizerError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Model optimization compiler.")
 app.add_typer(compile_cmds.app)
 app.add_typer(runs_cmds.app)
+app.add_typer(compare_cmds.app)
 
 
 @app.callback()

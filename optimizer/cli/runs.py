@@ -89,8 +89,12 @@ def diff(
                 f"({r['ratio']:.2f}x, {r['verdict']})"
             )
         for change in d["op_changes"]:
-            opts.out.print(f"why {change['stage']} moved, by op type: {change['summary']} ({change['coverage']})",
-                           highlight=False)
+            where = ", ".join(str(change[k]) for k in ("scenario", "part") if change.get(k))
+            by = "kernel" if change.get("kind") == "kernels" else "op type"
+            opts.out.print(f"why {change['stage']} moved ({where}), by {by}: {change['summary']} "
+                           f"({change['coverage']})", highlight=False, soft_wrap=True)
+            if change.get("nodes"):
+                opts.out.print(f"  {change['nodes']}", highlight=False, soft_wrap=True)
     if fail_on_regression is not None:
         found = regressions(d, fail_on_regression)
         if found:

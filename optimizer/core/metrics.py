@@ -111,6 +111,30 @@ class NvmlSummary(Facts):
     reason: str | None = None
 
 
+class NodeTimes(Facts):
+    """ONNX Runtime's kernel ms per node and call (median over the profiled runs): the slowest nodes by name and
+    totals over every node, so that metrics stay small; `digests` says which nodes ran at all (new/gone)."""
+
+    top: list[tuple[str, str, float]] = []  # (node, op type, ms per call): the slowest (ort_runner.TOP_NODES) first
+    nodes: int = 0  # distinct nodes that ran
+    total_ms: float = 0.0  # every node's ms per call
+    digests: list[str] = []  # every node that ran: 8 hex digits of blake2b(name), sorted (membership only)
+
+
+class ScenarioProfile(Facts):
+    """The runtime's own profile on one scenario's timing input (report.explain): per call (generation: per decode
+    step) and per prefill; the fields mean what StageMetrics' same-named ones mean for the first scenario."""
+
+    source: str | None = None  # "onnxruntime" | "torch"; None: only CUDA kernels were profiled
+    op_time_ms: dict[str, float] = {}
+    prefill_op_time_ms: dict[str, float] = {}
+    kernel_time_ms: dict[str, float] = {}
+    prefill_kernel_time_ms: dict[str, float] = {}
+    node_time: NodeTimes | None = None  # ONNX Runtime: per node, per call (generation: per decode step)
+    prefill_node_time: NodeTimes | None = None
+    nodes_executed: int | None = None
+
+
 class ScenarioMetrics(Facts):
     """One stage in one scenario."""
 
@@ -129,8 +153,12 @@ class ScenarioMetrics(Facts):
     cuda_kernels: CudaKernels | None = None
     ttft: Latency | None = None  # generation: time to first token
     tpot: Latency | None = None  # generation: time per output token, every decode step
+    parent_ttft: Latency | None = None  # generation: the input's, same interleaved session
+    parent_tpot: Latency | None = None
     prompt_tokens: int | None = None
     new_tokens: int | None = None
+    profile: ScenarioProfile | None = None  # op types and nodes on this scenario's input (every scenario)
+    tpot_vs_parent: Speedup | None = None  # generation: parent TPOT P50 / stage's, interleaved, with its interval
 
 
 class OutputAccuracy(Facts):
@@ -190,6 +218,16 @@ class GraphFacts(Facts):
         return self.nodes is not None
 
 
+class TimedWindow(Facts):
+    """When a timed measurement held its host's bench slot (measure.bench_slot): wall-clock epoch seconds."""
+
+    host: str
+    start: float
+    end: float
+    pid: int
+    what: str  # the stage and what was timed: "fused measure", "hybrid_int8 hybrid timing", "calibration"...
+
+
 class StageMetrics(Facts):
     """Everything measured about one stage: per scenario, plus accuracy, memory and graph facts."""
 
@@ -203,11 +241,20 @@ class StageMetrics(Facts):
     budget: str  # the sentence that says why
     scenarios: dict[str, ScenarioMetrics]
     machine_load: MachineLoad | None = None
-    op_time_ms: dict[str, float] = {}  # per call (generation: per decode step), from ORT's profiler
+    op_time_ms: dict[str, float] = {}  # per call (generation: per decode step), from op_time_source's profiler
+    # "onnxruntime" (ORT's node times; absent in reports from before it was recorded) or "torch" (the PyTorch
+    # profiler's outermost aten ops, e.g. aten::linear): names from two runtimes are not the same op types.
+    op_time_source: str | None = None
+    prefill_op_time_ms: dict[str, float] = {}  # generation: one prefill call, same profiler
+    # CUDA stages: device ms per kernel name (without template arguments) per call (generation: per decode step),
+    # from CUPTI through the PyTorch profiler; the same names whichever runtime launched them
+    kernel_time_ms: dict[str, float] = {}
+    prefill_kernel_time_ms: dict[str, float] = {}
     nodes_executed: int | None = None  # kernels ORT ran per call, after its own fusions
     nonfinite_reference: int | None = None  # stage 0 only: NaN/inf in the reference outputs
     graph: GraphFacts | None = None  # the graph as saved ({} for the PyTorch source)
     size_bytes: int | None = None  # bytes on disk (parameter bytes for the PyTorch source)
+    timed_windows: list[TimedWindow] | None = None  # when and where this measurement held the bench slot
 
     @field_validator("machine_load", mode="before")
     @classmethod
@@ -239,3 +286,4 @@ class BatchSweep(Facts):
     max_batch: int | None = None
     preferred_batch: int | None = None
     why: str
+    timed_windows: list[TimedWindow] | None = None  # when and where the sweep held the bench slot

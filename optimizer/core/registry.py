@@ -17,6 +17,7 @@ PASSES: dict[str, str] = {
     "static_kv_cache": "passes.static_kv_cache:StaticKVCachePass",
     "cuda_graph": "passes.cuda_graph:CudaGraphPass",
     "tensorrt": "passes.tensorrt:TensorRTPass",
+    "substitute": "passes.substitute:SubstitutePass",
 }
 
 

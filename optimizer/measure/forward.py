@@ -29,8 +29,10 @@ from optimizer.core.metrics import (
     Transfers,
 )
 from optimizer.measure.accuracy import AccuracyMeter, mask_of, recipe_verdict
+from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.harness import Timed, measure, warm_up_all
 from optimizer.measure.machine import LoadSampler
+from optimizer.measure.profiles import OpProfile, cuda_kernel_times, ort_op_profile, scenario_profile, torch_profile
 from optimizer.measure.stats import LatencyStats, median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.gpu.nvml import NvmlSampler
@@ -39,7 +41,10 @@ from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 11  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle
+MEASURE_VERSION = 15  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle;
+# 12: op-type profiles of PyTorch stages and of the prefill, kernel time per name on CUDA; 13, 14: every scenario
+# profiled, with ORT's slowest nodes by name; 15: generation stages profiled per scenario, TPOT ratio
+# interleaved
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -107,6 +112,43 @@ def _throughput(recipe: Recipe, scenario_name: str, mean_ms: float) -> Throughpu
     return Throughput(samples_per_s=scen.batch * per_s, tokens_per_s=scen.batch * scen.seq * per_s)
 
 
+PROFILED_CALLS = 10
+
+
+def _op_profiles(
+    artifact: Artifact, recipe: Recipe, session: Session, feeds: FeedSet, prepared: dict[str, list[Any]]
+) -> dict[str, tuple[OpProfile, str | None]]:
+    """Per scenario, time per op type of one call on its timing input (per op type, the median of the profiled
+    calls after a warm-up), from the stage's own runtime: ONNX Runtime's profiler (one separate, profiled session
+    for every scenario's feed: profiling adds overhead, so its numbers never mix with the timed ones; with its
+    slowest nodes by name) or the PyTorch profiler (on the timed session, after the timing); on CUDA also the
+    device time per kernel name (CUPTI), for any runtime. With each, the profiler's name, or None when nothing
+    profiled op types."""
+    cuda = recipe.target.device == "cuda"
+    names = [sf.scenario.name for sf in feeds]
+    out: dict[str, tuple[OpProfile, str | None]] = {}
+    if artifact.kind == "onnx":
+        from optimizer.runtime.runners.ort_runner import profile_feeds
+
+        runs = profile_feeds(artifact, recipe, [sf.timing for sf in feeds], runs=PROFILED_CALLS)
+        out = {name: (ort_op_profile(prof), "onnxruntime") for name, prof in zip(names, runs, strict=True)}
+    for name in names:
+        call = prepared[name][0]
+        if artifact.kind == "torch":
+            profile = torch_profile(lambda p=call: session.run(p), PROFILED_CALLS, cuda)
+            # a replayed CUDA graph runs no aten op the profiler sees: kernels only
+            out[name] = (OpProfile(kernels=profile.kernels), None) if artifact.runtime.get("cuda_graph") else (
+                profile, "torch")
+            continue
+        profile, source = out.get(name, (OpProfile(), None))
+        if cuda:
+            calls = 3
+            times = cuda_kernel_times(lambda p=call: session.run(p), calls)
+            profile.kernels = {k: v / calls for k, v in times.items()}
+        out[name] = (profile, source)
+    return out
+
+
 def measure_stage(
     artifact: Artifact,
     parent: Artifact | None,
@@ -114,10 +156,12 @@ def measure_stage(
     feeds: FeedSet,
     reference: Reference | None,
     progress: Progress,
+    label: str = "stage",
 ) -> tuple[dict[str, Any], Reference | None]:
     """Metrics of one stage, built as core.metrics.StageMetrics and returned as its JSON (what the engine adds the
     graph facts to and caches in metrics.json). With reference=None the stage is stage 0 and its outputs become
-    the reference."""
+    the reference. The host's bench slot is held only while something is timed ("<label> timing", "<label>
+    profile"): loading, the accuracy run and the memory probe may overlap other compiles' build work."""
     settings = recipe.benchmark
     gc.collect()
     with ExitStack() as stack:
@@ -142,6 +186,8 @@ def measure_stage(
         within, why = recipe_verdict(accuracy, recipe)
 
         parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
+        timing = stack.enter_context(ExitStack())  # closed after the timing loop (or by the outer stack on errors)
+        timing.enter_context(bench_slot(f"{label} timing"))
         load = stack.enter_context(LoadSampler())
         scenarios: dict[str, ScenarioMetrics] = {}
         total = len(prepared) * settings.rounds
@@ -187,18 +233,20 @@ def measure_stage(
                 entry.vs_parent = Speedup.model_validate(vs.to_json())
             scenarios[name] = entry
         load.__exit__(None, None, None)
-        op_times: dict[str, float] = {}
-        nodes_executed = None
-        if artifact.kind == "onnx":
-            from optimizer.runtime.runners.ort_runner import op_time_breakdown
-
-            progress("profiling op types", 0, 0)
-            op_times, nodes_executed = op_time_breakdown(artifact, recipe, next(iter(feeds)).timing)
+        timing.close()
+        progress("profiling op types", 0, 0)
+        with bench_slot(f"{label} profile"):  # profiled calls are timings too
+            profiles = _op_profiles(artifact, recipe, session, feeds, prepared)
+        for scen_name, (scen_profile, scen_source) in profiles.items():
+            scenarios[scen_name].profile = scenario_profile(scen_profile, scen_source)
+        profile, source = profiles[next(iter(feeds)).scenario.name]  # the stage-level fields: the first scenario
         progress("measuring memory", 0, 0)
         memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
         metrics = StageMetrics(
-            op_time_ms=op_times,  # per run, first scenario, from ORT's profiler (a separate session)
-            nodes_executed=nodes_executed,  # kernels ORT ran per call (after its own fusions)
+            op_time_ms=profile.ops,  # per run, first scenario's timing input, from the runtime's own profiler
+            op_time_source=source,
+            kernel_time_ms=profile.kernels,  # CUDA: device ms per kernel name per call (CUPTI)
+            nodes_executed=profile.nodes,  # kernels ORT ran per call (after its own fusions)
             runtime=session.describe(),
             memory_mb=memory_mb,
             memory=Memory.model_validate(memory),

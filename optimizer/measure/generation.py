@@ -24,7 +24,9 @@ from optimizer.core.metrics import (
     Throughput,
 )
 from optimizer.measure.accuracy import generation_agreement as agreement
+from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.forward import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, latency_of, stage_memory
+from optimizer.measure.profiles import generation_profile, scenario_profile
 from optimizer.measure.stats import median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.generation import Generation
@@ -53,7 +55,10 @@ def measure_generation_stage(
     feeds: FeedSet,
     reference: Reference | None,
     progress: Progress,
+    label: str = "stage",
 ) -> tuple[dict[str, Any], Reference | None]:
+    """The host's bench slot is held only while something is timed ("<label> timing", "<label> profile"): the
+    accuracy generations, loading and the memory probe may overlap other compiles' build work."""
     settings = recipe.benchmark
     gc.collect()
     before = _rss()
@@ -85,57 +90,66 @@ def measure_generation_stage(
     done = 0
     from optimizer.measure.machine import LoadSampler
 
-    load = LoadSampler().__enter__()
-    for sf in feeds:
-        prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
-        prompts = [f["input_ids"] for f in sf.samples]  # timed in turn, parent and child on the same prompt
-        sides = [("child", gen)] + ([("parent", parent_gen)] if parent_gen is not None else [])
-        for _, g in sides:  # at least once: a CUDA-graph stage captures its decode step on its first generation
-            for _ in range(max(1, min(settings.warmup, 2))):
-                g.generate(prompt, new, keep_logits=False)
-        runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
-        r = 0
+    with bench_slot(f"{label} timing"):  # warm-up and the interleaved rounds
+        load = LoadSampler().__enter__()
+        for sf in feeds:
+            prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
+            prompts = [f["input_ids"] for f in sf.samples]  # timed in turn, parent and child on the same prompt
+            sides = [("child", gen)] + ([("parent", parent_gen)] if parent_gen is not None else [])
+            for _, g in sides:  # at least once: a CUDA-graph stage captures its decode step on its first generation
+                for _ in range(max(1, min(settings.warmup, 2))):
+                    g.generate(prompt, new, keep_logits=False)
+            runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
+            r = 0
 
-        while r < settings.rounds or _loose(runs["child"], r, settings):
-            for name, g in sides if r % 2 == 0 else sides[::-1]:
-                runs[name].append(
-                    [
-                        g.generate(prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False)
-                        for i in range(settings.iterations)
-                    ]
-                )
-            r += 1
-            done += 1
-            progress(f"generating {sf.scenario.name}", done, total)
-        child = [g for rnd in runs["child"] for g in rnd]
-        e2e = latency_of([g.e2e_ms for g in child])
-        batch = sf.scenario.batch
-        entry = ScenarioMetrics(
-            latency=e2e,
-            ttft=latency_of([g.ttft_ms for g in child]),
-            tpot=latency_of([t for g in child for t in g.tpot_ms] or [0.0]),
-            throughput=Throughput(
-                tokens_per_s=batch * new * 1000 / e2e.mean_ms,
-                samples_per_s=batch * 1000 / e2e.mean_ms,
-            ),
-            iterations=len(child),
-            rounds=r,
-            prompt_tokens=int(prompt.shape[1]),
-            new_tokens=new,
-            samples_ms=[round(g.e2e_ms, 4) for g in child],
-        )
-        if parent_gen is not None:
-            p_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["parent"]]
-            c_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["child"]]
-            entry.parent_latency = latency_of([x for rnd in p_rounds for x in rnd])
-            entry.vs_parent = Speedup.model_validate(speedup(p_rounds, c_rounds, settings.confidence).to_json())
-        if recipe.target.device == "cuda":  # per whole task (prefill + new_tokens - 1 decode steps)
-            from optimizer.runtime.gpu.kernels import profile_kernels
+            while r < settings.rounds or _loose(runs["child"], r, settings):
+                for name, g in sides if r % 2 == 0 else sides[::-1]:
+                    runs[name].append(
+                        [
+                            g.generate(prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False)
+                            for i in range(settings.iterations)
+                        ]
+                    )
+                r += 1
+                done += 1
+                progress(f"generating {sf.scenario.name}", done, total)
+            child = [g for rnd in runs["child"] for g in rnd]
+            e2e = latency_of([g.e2e_ms for g in child])
+            batch = sf.scenario.batch
+            entry = ScenarioMetrics(
+                latency=e2e,
+                ttft=latency_of([g.ttft_ms for g in child]),
+                tpot=latency_of([t for g in child for t in g.tpot_ms] or [0.0]),
+                throughput=Throughput(
+                    tokens_per_s=batch * new * 1000 / e2e.mean_ms,
+                    samples_per_s=batch * 1000 / e2e.mean_ms,
+                ),
+                iterations=len(child),
+                rounds=r,
+                prompt_tokens=int(prompt.shape[1]),
+                new_tokens=new,
+                samples_ms=[round(g.e2e_ms, 4) for g in child],
+            )
+            if parent_gen is not None:
+                p_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["parent"]]
+                c_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["child"]]
+                entry.parent_latency = latency_of([x for rnd in p_rounds for x in rnd])
+                parent_runs = [g for rnd in runs["parent"] for g in rnd]  # for the explanation per prefill and step
+                entry.parent_ttft = latency_of([g.ttft_ms for g in parent_runs])
+                entry.parent_tpot = latency_of([t for g in parent_runs for t in g.tpot_ms] or [0.0])
+                entry.vs_parent = Speedup.model_validate(speedup(p_rounds, c_rounds, settings.confidence).to_json())
+                # per round, each generation's median time per token: TPOT's own interleaved ratio and interval
+                tp = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in runs["parent"]]
+                tc = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in runs["child"]]
+                if all(tp) and all(tc):
+                    entry.tpot_vs_parent = Speedup.model_validate(speedup(tp, tc, settings.confidence).to_json())
+            if recipe.target.device == "cuda":  # per whole task (prefill + new_tokens - 1 decode steps)
+                from optimizer.runtime.gpu.kernels import profile_kernels
 
-            counts = profile_kernels(lambda g=gen, p=prompt, n=new: g.generate(p, n, False), calls=1)
-            entry.cuda_kernels = CudaKernels.model_validate(counts)
-        scenarios[sf.scenario.name] = entry
-    load.__exit__(None, None, None)
+                counts = profile_kernels(lambda g=gen, p=prompt, n=new: g.generate(p, n, False), calls=1)
+                entry.cuda_kernels = CudaKernels.model_validate(counts)
+            scenarios[sf.scenario.name] = entry
+        load.__exit__(None, None, None)
     runtime = {
         "runtime": "pytorch" if artifact.kind == "torch" else "onnxruntime",
         "device": recipe.target.device,
@@ -144,11 +158,16 @@ def measure_generation_stage(
         **artifact.runtime,
         **(gen.describe() if hasattr(gen, "describe") else {}),
     }
-    op_times: dict[str, float] = {}
-    nodes_executed = None
-    if artifact.kind == "onnx":
-        progress("profiling the decode step", 0, 0)
-        op_times, nodes_executed = decode_step_profile(artifact, recipe, next(iter(feeds)).timing["input_ids"])
+    progress("profiling the prefill and the decode step", 0, 0)
+    first = next(iter(feeds))
+    with bench_slot(f"{label} profile"):  # profiled calls are timings too
+        by_scenario = {  # every scenario's prefill and decode step: a long prompt changes where the time goes
+            sf.scenario.name: generation_profile(artifact, recipe, gen, sf.timing["input_ids"], sf.scenario.new_tokens)
+            for sf in feeds
+        }
+    for name, p in by_scenario.items():
+        scenarios[name].profile = scenario_profile(p.decode, p.source or None, p.prefill)
+    prof = by_scenario[first.scenario.name]
     progress("measuring memory", 0, 0)
     memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
     metrics = StageMetrics(
@@ -162,27 +181,13 @@ def measure_generation_stage(
         budget=why,
         scenarios=scenarios,
         machine_load=MachineLoad.model_validate(load.result) if load.result else None,
-        op_time_ms=op_times,  # per decode step (first scenario's prompt), from ORT's profiler
-        nodes_executed=nodes_executed,  # per decode step
+        # first scenario's prompt and new_tokens, from the runtime's own profiler (measure.profiles)
+        op_time_ms=prof.decode.ops,  # per decode step
+        prefill_op_time_ms=prof.prefill.ops,  # one prefill call
+        op_time_source=prof.source or None,
+        kernel_time_ms=prof.decode.kernels,  # CUDA: device ms per kernel name (CUPTI)
+        prefill_kernel_time_ms=prof.prefill.kernels,
+        nodes_executed=prof.decode.nodes,  # ONNX Runtime: node kernels per decode step
     )
     return metrics.to_json(), new_reference  # StageMetrics' JSON, as measure_stage returns it
 
-
-def decode_step_profile(artifact: Artifact, recipe: Recipe, prompt: np.ndarray) -> tuple[dict[str, float], int]:
-    """Time per op type and nodes executed in one decode step (the part of a generation repeated per token),
-    from ONNX Runtime's profiler on the decode graph, fed the cache the prefill graph returns for the prompt."""
-    from optimizer.runtime.generation import cache_names
-    from optimizer.runtime.runners.gen_runner import ort_generator
-    from optimizer.runtime.runners.ort_runner import op_time_breakdown
-
-    decode = artifact.decode_path()
-    assert decode is not None
-    gen = ort_generator(artifact, recipe, device="cpu")
-    logits, *cache = gen.prefill.run(gen.outputs, {"input_ids": prompt, "attention_mask": np.ones_like(prompt)})
-    batch, seq = prompt.shape
-    feed = {
-        "input_ids": logits.argmax(-1)[:, None].astype(np.int64),
-        "attention_mask": np.ones((batch, seq + 1), np.int64),
-        **{past: value for (past, _), value in zip(cache_names(artifact.decoder_layers()), cache, strict=True)},
-    }
-    return op_time_breakdown(artifact.derive(path=decode, decode=None, decode_external_data=[]), recipe, feed)

@@ -19,7 +19,7 @@ from optimizer.engine.rundir import read_json, write_json, write_text
 from optimizer.measure.best import best_stage
 from optimizer.measure.machine import busy_sentence, busy_summary, window_busy
 from optimizer.recipe.schema import Recipe, recipe_dict, recipe_metric
-from optimizer.report.explain import explain
+from optimizer.report.explain import main_parts
 from optimizer.report.explain import markdown as explain_markdown
 from optimizer.report.html import to_html
 from optimizer.report.schema import (
@@ -35,7 +35,16 @@ from optimizer.report.schema import (
     Settings,
     json_schema_text,
 )
-from optimizer.report.tables import columns, fmt, scenario_summary, scenario_title, stage_rows, status_cell, tail_note
+from optimizer.report.tables import (
+    columns,
+    fmt,
+    scenario_summary,
+    scenario_title,
+    stage_rows,
+    status_cell,
+    tail_note,
+    tpot_lines,
+)
 from optimizer.runtime.threads import target_threads
 
 UNSTABLE_CV = 0.25  # like trtexec's variance warning: beyond this the latency distribution is not one number
@@ -199,11 +208,15 @@ def findings(report: RunReport) -> list[str]:
                 )
             vs = sm.vs_parent
             if vs is not None and vs.verdict == "slower":
-                why = explain(report, st)
+                why = main_parts(report, st, scen)  # one per part: the call, or the prefill and the decode step
                 out.append(
                     f"{label} on {scen}: {1 / vs.ratio:.2f}x slower than its input "
                     f"({st.parent}), beyond noise (CI {vs.low:.2f}-{vs.high:.2f}x)"
-                    + (f"; by op type, {why.summary(3)} ({why.coverage()})" if why is not None else "")
+                    + "".join(
+                        f"; by op type, {e.summary(3)} ({e.coverage()})"
+                        + (f"; {e.nodes.line(2)}" if e.nodes is not None else "")
+                        for e in why
+                    )
                 )
     return out
 
@@ -255,6 +268,7 @@ def to_markdown(report: RunReport) -> str:
     note = tail_note(r)
     if note:
         lines += [note, ""]
+    lines += tpot_lines(r)
     if r.best is not None:
         lines += [f"**Best stage**: {r.best.why}.", ""]
     if len(r.scenarios) > 1:

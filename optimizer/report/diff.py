@@ -176,18 +176,23 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
             rows.append(row)
     final = next((n for n in reversed(names) if sa[n].ok and sb[n].ok), None)
     totals = [r for r in rows if r["stage"] == final and "ratio" in r]
-    # Why, for the stages judged faster or slower between the runs: their op types, A's profile against B's.
-    judged = [n for n in names if any(r["stage"] == n and r.get("verdict") in ("faster", "slower") for r in rows)]
-    profiled = b.scenario_names[0] if b.scenario_names else ""
+    # Why, for the stages judged faster or slower between the runs, on each scenario where they were: their op
+    # types and ORT nodes, A's profile against B's, per part (call; prefill and decode step; CUDA kernels).
+    judged = [(r["stage"], r["scenario"]) for r in rows if r.get("verdict") in ("faster", "slower")]
+    first = b.scenario_names[0] if b.scenario_names else ""
     op_changes = [
         {
             "stage": n,
+            "scenario": scen,
+            "part": e.per,
+            "kind": "kernels" if e.kernels else "ops",
             "summary": e.summary(),
             "coverage": e.coverage(),
+            "nodes": e.nodes.line() if e.nodes is not None else None,
             "ops": [[r.op, r.parent_ms, r.stage_ms, r.delta_ms] for r in e.rows[:OP_ROWS]],
         }
-        for n in judged
-        if (e := between_runs(sa[n], sb[n], profiled)) is not None
+        for n, scen in judged
+        for e in between_runs(sa[n], sb[n], scen, first)
     ]
     return {
         "a": {"run_dir": a.run_dir, "created": a.created, "recipe": a.recipe.name},
@@ -290,7 +295,12 @@ def to_markdown(d: dict[str, Any]) -> str:
             ),
         ]
     for change in d.get("op_changes") or []:
-        lines += ["", f"**Why `{change['stage']}` moved, by op type**: {change['summary']} ({change['coverage']})"]
+        where = f", on {change['scenario']}" if change.get("scenario") else ""
+        what = "CUDA kernel" if change.get("kind") == "kernels" else "op type"
+        why = f"{change['summary']} ({change['coverage']})"
+        lines += ["", f"**Why `{change['stage']}` moved, by {what}{where}**: {why}"]
+        if change.get("nodes"):
+            lines.append(f"  {change['nodes']}")
     for key, label in (("only_in_a", "only in A"), ("only_in_b", "only in B")):
         if d[key]:
             lines.append(f"\nStages {label}: {', '.join(d[key])}")

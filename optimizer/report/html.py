@@ -165,11 +165,13 @@ def op_breakdown(report: RunReport) -> str:
     height = legend_y + 16 * ((len(ops) + 1) // 4 + 1) + 10
     scen = report.scenarios[0].name
     generation = report.recipe.workload == "generation"
+    torch = any(m.op_time_source == "torch" for _, m in _measured(report) if m.op_time_ms)
+    tool = "ONNX Runtime profiler, kernel time" + ("; PyTorch profiler, aten ops, for PyTorch stages" if torch else "")
     return _svg(
         left + width + 120,
         height,
         body,
-        f"Time per op type and {'decode step' if generation else 'run'}, {scen} (ONNX Runtime profiler, kernel time)",
+        f"Time per op type and {'decode step' if generation else 'run'}, {scen} ({tool})",
         "ops",
     )
 
@@ -181,20 +183,34 @@ def op_delta_chart(report: RunReport, top: int = 6) -> str:
     if not found:
         return ""
     left, half, row = 230, 230, 18
-    scale = max(abs(r.delta_ms) for e in found for r in e.rows[:top]) or 1.0
+    scales: dict[tuple[str, bool], float] = {}  # one scale per part (a prefill's ms are not a decode step's)
+    for e in found:  # and apart across two runtimes, whose every op reads as new or gone
+        key = (e.per, e.comparable)
+        scales[key] = max(scales.get(key, 0.0), *(abs(r.delta_ms) for r in e.rows[:top]))
     body, y = [], 8
     for e in found:
-        body.append(f'<text x="6" y="{y + 13}" font-size="12" font-weight="bold">{_esc(e.summary(3))}</text>')
+        scale = scales[(e.per, e.comparable)] or 1.0
+        body.append(f'<text x="6" y="{y + 13}" font-size="12" font-weight="bold">{_esc(e.headline())}</text>')
         body.append(f'<text x="6" y="{y + 28}" font-size="11" fill="#555">{_esc(e.coverage())}</text>')
         y += 36
+        if e.nodes is not None:  # ONNX Runtime's nodes the pass created or removed, by name; whole on hover
+            line = e.nodes.line(2)
+            cut = line if len(line) <= 125 else line[:124] + "…"
+            body.append(
+                f'<text x="6" y="{y + 6}" font-size="11" fill="#555"><title>{_esc(e.nodes.line(8))}</title>'
+                f"{_esc(cut)}</text>"
+            )
+            y += 14
         zero = left + half
         body.append(f'<line x1="{zero}" y1="{y}" x2="{zero}" y2="{y + row * min(top, len(e.rows))}" stroke="#555"/>')
         for r in e.rows[:top]:
             w = abs(r.delta_ms) / scale * half
             x = zero - w if r.delta_ms < 0 else zero
-            mark = f" ({r.change})" if r.change else ""
+            mark = f" ({e.mark(r)})" if e.mark(r) else ""  # new/gone; across two runtimes, whose op it is
+            room = 36 - len(mark)  # characters that fit left of the axis
+            label = (r.op if len(r.op) <= room else r.op[: room - 1] + "…") + mark
             body.append(
-                f'<text x="{left - 6}" y="{y + 13}" text-anchor="end" font-size="11">{_esc(r.op + mark)}</text>'
+                f'<text x="{left - 6}" y="{y + 13}" text-anchor="end" font-size="11">{_esc(label)}</text>'
                 f'<rect class="delta" x="{x:.1f}" y="{y + 3}" width="{max(w, 0.5):.1f}" height="12" '
                 f'fill="{GREEN if r.delta_ms < 0 else RED}"><title>{_esc(r.op)}: {r.parent_ms:.3f} -> '
                 f"{r.stage_ms:.3f} ms</title></rect>"
@@ -206,7 +222,8 @@ def op_delta_chart(report: RunReport, top: int = 6) -> str:
         left + 2 * half + 90,
         y,
         body,
-        "Why each stage's speed changed: time per op type against its parent (ONNX Runtime profiler)",
+        "Why each stage's speed changed: time per op type against its parent (each runtime's own profiler; CUDA "
+        "kernels by name where traced; generation: the prefill and one decode step)",
         "opdelta",
     )
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from optimizer.core.errors import OptimizerError
-from optimizer.core.metrics import BatchSweep, Facts
+from optimizer.core.metrics import BatchSweep, Facts, TimedWindow
 from optimizer.core.stage import StageReport
 
 SCHEMA_VERSION: Literal[2] = 2  # RunReport.schema_version below says the same
@@ -72,6 +72,7 @@ class Calibration(Facts):
 
     before_ms: float | None = None
     after_ms: float | None = None
+    timed_windows: list[TimedWindow] | None = None  # when and where each calibration held the bench slot
 
 
 class BusySummary(Facts):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from optimizer.core.metrics import CudaKernels, Latency, OutputAccuracy, Speedup
+import math
+from dataclasses import dataclass
+
+from optimizer.core.metrics import CudaKernels, Latency, OutputAccuracy, ScenarioMetrics, Speedup
 from optimizer.core.stage import StageReport
 from optimizer.report.schema import RunReport, ScenarioEcho
 
@@ -28,6 +31,7 @@ GENERATION_COLUMNS = [
     ("ttft", "TTFT P50 ms"),
     ("tpot_p50", "TPOT P50 ms"),
     ("tpot_p99", "TPOT P99 ms"),
+    ("tpot_vs_export", "TPOT vs export"),
     ("tokens_per_s", "tokens/s"),
     ("p50", "task P50 ms"),
     ("vs_parent", "vs parent"),
@@ -152,9 +156,17 @@ def stage_rows(report: RunReport, scenario: str) -> list[dict[str, str]]:
                 "agreement": "-" if first is None or first.token_agreement is None else f"{first.token_agreement:.3f}",
                 "cv": "-" if lat is None else f"{lat.cv:.1%}",
                 "kernels": kernels_cell(sm.cuda_kernels if sm is not None else None),
+                "tpot_vs_export": _tpot_cell(report, st, scenario),
             }
         )
     return rows
+
+
+def _tpot_cell(report: RunReport, st: StageReport, scenario: str) -> str:
+    if report.recipe.workload != "generation":
+        return "-"
+    t = tpot_vs_export(report, st, scenario)
+    return "-" if t is None else t.cell()
 
 
 def columns(report: RunReport) -> list[tuple[str, str]]:
@@ -191,3 +203,110 @@ def scenario_summary(report: RunReport) -> tuple[list[str], list[list[str]]]:
                 cells.append(st.status)
         rows.append(cells)
     return ["stage", *names], rows
+
+
+# ------------------------------------------------------------------ generation: TPOT against the FP32 export
+EXPORT_STAGE = "export"
+Z95 = 1.96
+
+
+@dataclass(frozen=True)
+class TpotRatio:
+    """Export TPOT P50 / the stage's (> 1: the stage decodes faster), the product of the interleaved TPOT ratios
+    along the path from the export; low/high: the product of each link's interval ends."""
+
+    ratio: float
+    low: float
+    high: float
+    path: list[str]  # the export, ..., the stage
+    approximate: bool  # some link's interval came from the TPOT spread, not a bootstrap over rounds
+
+    @property
+    def chained(self) -> bool:
+        return len(self.path) > 2
+
+    def cell(self) -> str:
+        if len(self.path) == 1:
+            return "1.00x (export)"
+        return f"{self.ratio:.2f}x{' chained' if self.chained else ''} ({self.low:.2f}-{self.high:.2f})"
+
+
+def export_stage(report: RunReport) -> StageReport | None:
+    """The FP32 export generation stages are compared against: the stage named `export`, else the first ONNX one."""
+    named = report.stage(EXPORT_STAGE)
+    if named is not None and named.ok:
+        return named
+    return next((s for s in report.stages if s.ok and s.artifact is not None and s.artifact.kind == "onnx"), None)
+
+
+def _tpot_link(sm: ScenarioMetrics) -> tuple[float, float, float, bool] | None:
+    """(ratio, low, high, approximate) of parent TPOT P50 / stage TPOT P50 from the same interleaved session: the
+    recorded bootstrap interval when measure kept one, else a normal interval of the two medians whose standard
+    error counts one sample per generation (decode steps of one generation are not independent)."""
+    if sm.tpot_vs_parent is not None:
+        vs = sm.tpot_vs_parent
+        return vs.ratio, vs.low, vs.high, False
+    mine, theirs = sm.tpot, sm.parent_tpot
+    if mine is None or theirs is None or mine.p50_ms <= 0 or theirs.p50_ms <= 0:
+        return None
+    n = max(sm.iterations or min(mine.n, theirs.n), 1)
+    rel = math.sqrt(sum((1.2533 * lat.std_ms / math.sqrt(n) / lat.p50_ms) ** 2 for lat in (mine, theirs)))
+    ratio = theirs.p50_ms / mine.p50_ms
+    return ratio, ratio * math.exp(-Z95 * rel), ratio * math.exp(Z95 * rel), True
+
+
+def tpot_vs_export(report: RunReport, st: StageReport, scenario: str) -> TpotRatio | None:
+    """The stage's TPOT ratio against the export on one scenario, chained along its ancestry; None off that path
+    (stage 0, a stage that does not descend from the export) or where a link was not measured."""
+    export = export_stage(report)
+    if export is None or not st.ok:
+        return None
+    by_name = {s.name: s for s in report.stages}
+    ratio = low = high = 1.0
+    approximate = False
+    path, here = [st.name], st
+    while here.name != export.name:
+        sm = here.scenario(scenario)
+        link = _tpot_link(sm) if sm is not None else None
+        parent = by_name.get(here.parent or "")
+        if link is None or parent is None:
+            return None
+        ratio, low, high = ratio * link[0], low * link[1], high * link[2]
+        approximate = approximate or link[3]
+        here = by_name.get(parent.measured_against or parent.name, parent)  # a skipped parent: what it passed on
+        path.append(here.name)
+    return TpotRatio(ratio, low, high, path[::-1], approximate)
+
+
+def tpot_lines(report: RunReport) -> list[str]:
+    """report.md's section for generation runs: each stage's TPOT against the FP32 export, with its agreement."""
+    export = export_stage(report)
+    if report.recipe.workload != "generation" or export is None:
+        return []
+    lines = []
+    for scen in report.scenario_names:
+        for st in report.stages:
+            t = tpot_vs_export(report, st, scen)
+            if t is None or len(t.path) == 1:
+                continue
+            first = st.metrics.first_accuracy if st.metrics is not None else None
+            agree = first.token_agreement if first is not None else None
+            how = f"chained over {' -> '.join(t.path)}" if t.chained else "interleaved with it"
+            word = "faster" if t.low > 1 else "slower" if t.high < 1 else "within noise"
+            lines.append(
+                f"- {st.name} on {scen}: TPOT {t.ratio:.2f}x against {export.name} ({word}, 95% interval "
+                f"{t.low:.2f}-{t.high:.2f}{', approximate' if t.approximate else ''}, {how}); token agreement "
+                f"{fmt(agree, '.3f')}"
+            )
+    if not lines:
+        return []
+    return [
+        f"## Decode speed against the FP32 export (`{export.name}`)",
+        "",
+        "TPOT ratio: export TPOT P50 / the stage's (> 1: faster), each link timed interleaved with its input; "
+        "along a chain the ratios and their interval ends are multiplied. Token agreement: against stage 0's "
+        "greedy tokens.",
+        "",
+        *lines,
+        "",
+    ]

@@ -8,6 +8,7 @@ Runtime options read from the artifact:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,22 @@ class OrtRunner(Runner):
         return cls(session, self.artifact.runtime, threads)
 
 
+TOP_NODES = 40  # nodes kept by name per profile (the slowest): per-node times of every node would bloat metrics
+
+
+@dataclass
+class RunProfile:
+    """ONNX Runtime's profile of one feed, per run (median over the profiled runs, the warm-up dropped)."""
+
+    ops: dict[str, float]  # ms per op type, slowest first
+    kernels: int  # node kernels a run executed
+    nodes: dict[str, float] = field(default_factory=dict)  # ms per node name, the TOP_NODES slowest, slowest first
+    node_ops: dict[str, str] = field(default_factory=dict)  # node name -> op type, for the nodes kept
+    node_total_ms: float = 0.0  # every node's ms per run
+    node_count: int = 0  # distinct nodes that ran
+    names: list[str] = field(default_factory=list)  # every node that ran (for new/gone, matched by name)
+
+
 def op_time_breakdown(
     artifact: Any, recipe: Any, feed: dict[str, np.ndarray], runs: int = 10
 ) -> tuple[dict[str, float], int]:
@@ -171,6 +188,13 @@ def op_time_breakdown(
 
     A separate, profiled session: profiling adds overhead, so these numbers never mix with the timed ones.
     """
+    prof = profile_feeds(artifact, recipe, [feed], runs)[0]
+    return prof.ops, prof.kernels
+
+
+def profile_feeds(artifact: Any, recipe: Any, feeds: list[dict[str, np.ndarray]], runs: int = 10) -> list[RunProfile]:
+    """One profiled session (separate from the timed one), each feed run 1 + `runs` times in turn: per feed, op
+    types and nodes per run (profile_runs), from one profile file."""
     import json
     import os
     import tempfile
@@ -181,18 +205,75 @@ def op_time_breakdown(
         session = ort_session(
             artifact.path, runtime, threads, recipe.target.device, profile_prefix=os.path.join(tmp, "profile")
         )
-        inputs = {i.name: feed[i.name] for i in session.get_inputs()}
-        session.run(None, inputs)  # warm-up (also profiled; dropped below by counting runs)
-        for _ in range(runs):
-            session.run(None, inputs)
-        path = session.end_profiling()
-        events = json.loads(Path(path).read_text())
-    totals: dict[str, float] = {}
-    kernels = 0
+        names = [i.name for i in session.get_inputs()]
+        for feed in feeds:
+            inputs = {n: feed[n] for n in names}
+            for _ in range(runs + 1):  # the first: a warm-up, profiled too, dropped by profile_runs
+                session.run(None, inputs)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    return [profile_runs(part) for part in split_runs(events, runs + 1)]
+
+
+def split_runs(events: list[dict[str, Any]], per_feed: int) -> list[list[dict[str, Any]]]:
+    """The profile's events cut into consecutive groups of `per_feed` runs (model_run events in time order): one
+    group per feed that was run `per_feed` times in turn."""
+    runs = sorted((ev["ts"], ev["ts"] + ev.get("dur", 0)) for ev in events if ev.get("name") == "model_run")
+    groups = [runs[i : i + per_feed] for i in range(0, len(runs), per_feed)]
+    out = []
+    for group in groups:
+        start, end = group[0][0], group[-1][1]
+        out.append([ev for ev in events if start <= ev.get("ts", -1) <= end])
+    return out
+
+
+def profile_per_run(events: list[dict[str, Any]]) -> tuple[dict[str, float], int]:
+    """Per op type, the median over the profiled runs (the first, a warm-up, dropped) of its kernel milliseconds in
+    one run; and the median count of kernels a run executed. A median, not a mean: one run slowed by another
+    process on the machine must not make a 0.03 ms op look like 0.8 ms."""
+    prof = profile_runs(events)
+    return prof.ops, prof.kernels
+
+
+def _median_per_key(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for run in runs for k in run}
+    medians = {k: float(np.median([run.get(k, 0.0) for run in runs])) for k in keys}
+    return dict(sorted(medians.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def profile_runs(events: list[dict[str, Any]], top: int = TOP_NODES) -> RunProfile:
+    """profile_per_run's op types, and the same per node (ORT names each node's event "<node>_kernel_time"): the
+    `top` slowest by name with their op types, and every node's name and total."""
+    runs = sorted((ev["ts"], ev["ts"] + ev.get("dur", 0)) for ev in events if ev.get("name") == "model_run")
+    per_run: list[dict[str, float]] = [{} for _ in runs]
+    per_node: list[dict[str, float]] = [{} for _ in runs]
+    node_ops: dict[str, str] = {}
+    counts = [0 for _ in runs]
     for ev in events:
-        if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
-            op = ev.get("args", {}).get("op_name", "?")
-            totals[op] = totals.get(op, 0.0) + ev.get("dur", 0) / 1000.0
-            kernels += 1
-    per_run = {op: t / (runs + 1) for op, t in sorted(totals.items(), key=lambda kv: -kv[1])}
-    return per_run, round(kernels / (runs + 1))
+        name = ev.get("name", "")
+        if ev.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        i = next((k for k, (start, end) in enumerate(runs) if start <= ev.get("ts", -1) <= end), None)
+        if i is None:
+            continue
+        op = ev.get("args", {}).get("op_name", "?")
+        ms = ev.get("dur", 0) / 1000.0
+        node = name.removesuffix("_kernel_time")
+        per_run[i][op] = per_run[i].get(op, 0.0) + ms
+        per_node[i][node] = per_node[i].get(node, 0.0) + ms
+        node_ops[node] = op
+        counts[i] += 1
+    drop = 1 if len(runs) > 1 else 0
+    kept, kept_nodes, kept_counts = per_run[drop:], per_node[drop:], counts[drop:]
+    if not kept:
+        return RunProfile({}, 0)
+    nodes = _median_per_key(kept_nodes)
+    slowest = dict(list(nodes.items())[:top])
+    return RunProfile(
+        ops=_median_per_key(kept),
+        kernels=round(float(np.median(kept_counts))),
+        nodes=slowest,
+        node_ops={n: node_ops[n] for n in slowest},
+        node_total_ms=float(sum(nodes.values())),
+        node_count=len(nodes),
+        names=sorted(nodes),
+    )
