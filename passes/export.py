@@ -18,6 +18,7 @@ from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 from optimizer.core.quiet import quiet
+from optimizer.runtime.errortext import error_line
 
 
 class ExportConfig(PassConfig):
@@ -111,8 +112,8 @@ class ExportPass(Pass):
                     external_data=False,
                 )
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PassError(f"torch.onnx.export ({cfg.exporter}) failed: {first}") from e
+            # torch's banner and colour codes out: the line that names the problem (and the user's code line)
+            raise PassError(f"torch.onnx.export ({cfg.exporter}) failed: {error_line(str(e), type(e).__name__)}") from e
         # Re-save through one helper so files past 2 GB get external data the same way in every pass.
         model = onnx_io.load(tmp)
         path = ctx.stage_dir / "model.onnx"

@@ -92,7 +92,8 @@ def io_mismatch(a: GraphIO, b: GraphIO, a_name: str = "A", b_name: str = "B") ->
         return f"input dtypes of {a_name} and {b_name} differ ({'; '.join(dtypes)})"
     if len(a.outputs) != len(b.outputs):
         return (
-            f"{a_name} gives {len(a.outputs)} outputs ({[t.name for t in a.outputs]}), {b_name} gives "
+            f"{a_name} gives {len(a.outputs)} output{'s' if len(a.outputs) != 1 else ''} "
+            f"({[t.name for t in a.outputs]}), {b_name} gives "
             f"{len(b.outputs)} ({[t.name for t in b.outputs]}); outputs are compared by position"
         )
     return None

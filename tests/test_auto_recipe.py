@@ -234,3 +234,23 @@ def test_model_and_recipe_together_is_one_line(tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=TESTS.parent, timeout=120,
     )
     assert proc.returncode == 2 and "not both" in proc.stderr
+
+
+def test_header_gives_the_rerun_command_and_an_edit_is_kept(tmp_path: Path) -> None:
+    """The header's command reruns in the same folder; a user's edit is refused, not silently regenerated."""
+    run = tmp_path / "r_A"
+    path = prepare_model_recipe("tiny_models:mlp", "cpu", run)
+    text = path.read_text()
+    assert f"# Rerun or edit it: `optimizer compile {path} --out {run}`." in text
+    digest = next(line for line in text.splitlines() if line.startswith("# sha256 of the YAML below: ")).split()[-1]
+    assert len(digest) == 64 and load_recipe(path).name == "mlp-cpu"  # the header is only comments
+    assert prepare_model_recipe("tiny_models:mlp", "cpu", run) == path  # unedited: regenerated in place
+    path.write_text(path.read_text().replace("samples: 2", "samples: 3"))
+    edited = path.read_text()
+    with pytest.raises(OptimizerError) as e:
+        prepare_model_recipe("tiny_models:mlp", "cpu", run)
+    assert str(e.value) == (f"{path} was edited since it was generated; run `optimizer compile {path} --out {run}`, "
+                            "or delete it to regenerate")
+    assert path.read_text() == edited
+    path.unlink()
+    assert prepare_model_recipe("tiny_models:mlp", "cpu", run).read_text() == text

@@ -82,6 +82,9 @@ def test_b_slower_on_purpose_is_called_slower_and_explained(
     new = {r["op"] for r in why["rows"] if r["change"] == "new"}
     assert new == {"Transpose", "Cast"}, why["rows"]
     assert "Transpose" in why["summary"] and "Cast" in why["summary"] and "(new)" in why["summary"]
+    assert f"B/A {row['ratio']:.2f}x: B slower" in why["coverage"] and "did not move" not in why["coverage"], why
+    digits = 4 if row["p50_b_ms"] < 0.1 else 3
+    assert f"{row['p50_a_ms']:.{digits}f} -> {row['p50_b_ms']:.{digits}f} ms" in why["coverage"], why
     # The run folder is a normal report, plus the comparison and the recipe that reproduces it.
     for name in ("report.json", "report.md", "report.html", "compare.json", "compare.md", "compare.yaml"):
         assert (out / name).is_file(), name
@@ -137,18 +140,27 @@ def test_bad_input_is_one_line(pair: tuple[Path, Path], tmp_path: Path, capsys: 
 
 
 def test_scenarios_bind_the_graphs_dims(tmp_path: Path) -> None:
+    from optimizer.recipe.loading import parse_recipe
+
     assert parse_scenario("batch=2,seq=64") == {"dims": {}, "batch": 2, "seq": 64, "name": "b2-s64"}
     assert parse_scenario("batch=4", with_seq=False)["name"] == "b4"
     a = tiny(tmp_path / "a.onnx")
     model = onnx.load(str(a))
-    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "width"  # a dim no default binds
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "width"  # compile --model calls it seq
     onnx.save(model, str(tmp_path / "w.onnx"))
     side = file_side("A", str(tmp_path / "w.onnx"))
-    with pytest.raises(OptimizerError, match="symbolic dim 'width' of input 'x' has no size"):
-        compare_recipe(side, side)
-    r, _ = compare_recipe(side, side, scenarios=["batch=1,width=128"], level="disable_all")
-    assert r.inputs[0].shape == ["batch", "width", WIDTH] and r.scenarios[0].dims == {"width": 128}
+    r, _ = compare_recipe(side, side, scenarios=["batch=1,width=64"], level="disable_all")
+    assert r.inputs[0].shape == ["batch", "seq", WIDTH] and (r.scenarios[0].seq, r.scenarios[0].name) == (64, "b1-s64")
     assert [p.type for p in r.passes] == ["substitute"]
+    # A recipe's own dim that a --scenario does not size: one line naming it.
+    base = parse_recipe({"name": "w", "model": {"source": "onnx", "path": str(a)},
+                         "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", "width", WIDTH]}],
+                         "scenarios": [{"name": "b1", "batch": 1, "dims": {"width": 8}}], "passes": []},
+                        "<test>", tmp_path)
+    with pytest.raises(OptimizerError, match="symbolic dim 'width' of input 'x' has no size"):
+        compare_recipe(side, side, base=base, scenarios=["batch=2"])
+    r, _ = compare_recipe(side, side, base=base, scenarios=["batch=1,width=128"], level="disable_all")
+    assert r.inputs[0].shape == ["batch", "width", WIDTH] and r.scenarios[0].dims == {"width": 128}
 
 
 @pytest.mark.slow
@@ -168,3 +180,108 @@ def test_slowdown_recipe_names_the_responsible_op_type(tmp_path: Path) -> None:
     finding = next(f for f in report.findings if f.startswith("int8_qdq (quantize) on b1-s16:"))
     assert "slower than its input (export)" in finding and "DequantizeLinear +" in finding, finding
     assert "(new)" in finding.split("DequantizeLinear", 1)[1][:20], finding
+
+
+def odd(path: Path, rows: int = 100, constant_table: bool = False) -> Path:
+    """Like an old exporter's graph: dims named 'batch size', 'sequence-length' and 'N', token ids gathering from a
+    `rows`-row embedding table (an initializer, or a Constant node's output, which no inference can see)."""
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((rows, 16)).astype(np.float32), "E")
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
+    nodes = [helper.make_node("Gather", ["E", "token ids"], ["emb"]),
+             helper.make_node("MatMul", ["feat", "W"], ["proj"])]
+    inits = [table, w]
+    if constant_table:
+        nodes.insert(0, helper.make_node("Constant", [], ["E"], value=table))
+        inits = [w]
+    graph = helper.make_graph(
+        nodes, "odd",
+        [helper.make_tensor_value_info("token ids", TensorProto.INT64, ["batch size", "sequence-length"]),
+         helper.make_tensor_value_info("feat", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["batch size", "sequence-length", 16]),
+         helper.make_tensor_value_info("proj", TensorProto.FLOAT, ["N", 16])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_graph_inputs_are_inferred_as_compile_model_does(tmp_path: Path) -> None:
+    """Integer inputs take the range of the embedding table they index (as `compile --model` infers them), not
+    [0, 1000); the graph's odd dim names are renamed the same way, and --scenario takes either name."""
+    from optimizer.recipe.auto import recipe_for_model
+
+    side = file_side("A", str(odd(tmp_path / "odd.onnx")))
+    r, notes = compare_recipe(side, side, scenarios=["batch size=1,sequence-length=8"], level="disable_all")
+    ids, feat = r.inputs
+    assert tuple(ids.range or ()) == (0, 100) and ids.shape == ["batch", "seq"] and feat.shape == ["batch", 16]
+    assert (r.scenarios[0].batch, r.scenarios[0].seq, r.scenarios[0].name) == (1, 8, "b1-s8")
+    assert any("'batch size' -> batch" in n and "'sequence-length' -> seq" in n for n in notes), notes
+    compiled, _ = recipe_for_model(str(tmp_path / "odd.onnx"), "cpu")
+    assert [(s.name, s.shape, s.range, s.fill) for s in compiled.inputs] == [
+        (s.name, s.shape, s.range, s.fill) for s in r.inputs
+    ]
+    r2, _ = compare_recipe(side, side, scenarios=["batch=2,seq=4"], level="disable_all")  # the new names work too
+    assert (r2.scenarios[0].batch, r2.scenarios[0].seq) == (2, 4)
+    with pytest.raises(OptimizerError, match="'batch size' and 'N' are both `batch`"):
+        compare_recipe(side, side, scenarios=["batch size=1,N=2"])
+    with pytest.raises(OptimizerError, match="'width' is not a dim of the inputs"):
+        compare_recipe(side, side, scenarios=["batch=1,width=3"])
+
+
+def test_odd_graph_runs_and_inputs_that_do_not_fit_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = odd(tmp_path / "odd.onnx")
+    code, stdout, err = run_compare(capsys, str(model), str(model), "--out", str(tmp_path / "ok"), "--scenario",
+                                    "batch size=1,sequence-length=8", "--ort-level", "disable_all", "--bench", BENCH,
+                                    "--format", "json")
+    assert code == 0, err
+    assert json.loads(stdout)["scenarios"][0]["scenario"] == "b1-s8"
+    # A table no inference can see (a Constant's output, 1 row): the generated ids in [0, 2) overflow it in ORT.
+    hidden = odd(tmp_path / "hidden.onnx", rows=1, constant_table=True)
+    code, _, err = run_compare(capsys, str(hidden), str(hidden), "--out", str(tmp_path / "bad"), "--ort-level",
+                               "disable_all", "--bench", BENCH)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "do not fit A" in err and "--recipe" in err and "Gather" in err, err
+
+
+def _patched_run(out: Path, stage: str, **fields: Any) -> None:
+    path = out / "report.json"
+    report = json.loads(path.read_text())
+    for st in report["stages"]:
+        if st["name"] == stage:
+            st.update(fields)
+    path.write_text(json.dumps(report))
+
+
+def test_run_stage_that_was_skipped_or_failed_is_refused(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    from optimizer.report.compare import resolve_side
+
+    a, b = pair
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit):
+        main(["compare", str(a), str(b), "--out", str(out), "--ort-level", "disable_all", "--bench", BENCH])
+    assert resolve_side("B", f"{out}:b").path.name == "model.onnx"
+    _patched_run(out, "b", status="skipped", reason="b: nothing to quantize: no MatMul")
+    with pytest.raises(OptimizerError) as skipped:
+        resolve_side("B", f"{out}:b")
+    assert str(skipped.value) == (
+        f"B: stage 'b' of {out} was skipped (nothing to quantize: no MatMul); its model is its parent 'source''s"
+    )
+    _patched_run(out, "b", status="failed", reason="b: Fail: cannot fuse")
+    with pytest.raises(OptimizerError, match=r"B: stage 'b' of .* failed \(Fail: cannot fuse\)"):
+        resolve_side("B", f"{out}:b")
+
+
+def test_why_line_agrees_with_the_verdict() -> None:
+    """A slowdown beyond noise that is tiny in ms (0.010 -> 0.013 ms, 1.31x) must not read 'did not move'."""
+    from optimizer.report.compare import coverage_line
+    from optimizer.report.explain import Explanation, OpDelta
+
+    e = Explanation("B", "A", "b1", "call", [OpDelta("Transpose", 0.0, 0.025)], 0.003)
+    row = {"scenario": "b1", "p50_a_ms": 0.010, "p50_b_ms": 0.013, "ratio": 1.31, "verdict": "B slower"}
+    line = coverage_line(e, row)
+    assert "did not move" not in line and "0.0100 -> 0.0130 ms" in line and "+0.0030 ms" in line, line
+    assert "1.31x" in line and "B slower" in line, line

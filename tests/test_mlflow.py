@@ -115,3 +115,29 @@ def test_unusable_store_is_one_line(run_dir: Path, tmp_path: Path) -> None:
 def test_flatten_config() -> None:
     assert flatten({"mode": "hybrid", "calibration": {"samples": 16}, "ops": ["MatMul"], "empty": {}}, "config") == {
         "config.mode": "hybrid", "config.calibration.samples": "16", "config.ops": '["MatMul"]'}
+
+
+def test_a_server_that_is_down_fails_in_seconds(run_dir: Path) -> None:
+    """After a compile, a store that went down is a warning within seconds (MLflow alone retries ~4 min)."""
+    import time
+
+    pytest.importorskip("mlflow")
+    start = time.perf_counter()
+    with pytest.raises(OptimizerError, match=r"^--mlflow http://127.0.0.1:9: ") as e:
+        log_run(_report(), run_dir, "http://127.0.0.1:9")
+    assert time.perf_counter() - start < 30 and "\n" not in str(e.value)
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded for the call only
+
+
+def test_check_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer.report.mlflow_log import check_uri
+
+    pytest.importorskip("mlflow")
+    check_uri((tmp_path / "mlruns").as_uri())  # a file store (created on first use) is fine
+    with pytest.raises(OptimizerError, match=r"^--mlflow bogus://x: unknown scheme 'bogus'; one of file:"):
+        check_uri("bogus://x")
+    with pytest.raises(OptimizerError, match=r"^--mlflow http://127.0.0.1:9: .*Connection"):
+        check_uri("http://127.0.0.1:9")
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(OptimizerError, match=r"^--mlflow: mlflow is not installed"):
+        check_uri("file:///nowhere")

@@ -64,3 +64,52 @@ def test_cuda_recipes_ask_ray_for_a_gpu(tmp_path: Path) -> None:
     assert not any("num_gpus" in task_options("cpu", phase, 1, node) for phase in ("build", "measure"))
     for options in (measure, build):
         ray.remote(lambda: None).options(**options)  # Ray accepts them as task options
+
+
+def test_an_address_with_no_head_is_one_line_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ray alone retries its GCS for minutes, printing warnings: a head that refuses a connection is one line."""
+    import time
+
+    from optimizer.core.errors import OptimizerError
+    from optimizer.engine.ray_backend import check_address
+
+    a = write_recipe(tmp_path, small("r-one"), "one.yaml")
+    b = write_recipe(tmp_path, small("r-two", seed=1), "two.yaml")
+    start = time.perf_counter()
+    code = compile_code("--history", str(tmp_path / "h.sqlite"), "compile", str(a), str(b), "--backend", "ray",
+                        "--address", "127.0.0.1:1", "--out", str(tmp_path / "runs"))
+    assert code == 2 and time.perf_counter() - start < 15
+    assert capsys.readouterr().err.strip() == "error: --address 127.0.0.1:1: no Ray head there (Connection refused)"
+    assert not (tmp_path / "runs").exists() and not ray.is_initialized()
+    with pytest.raises(OptimizerError, match=r"^--address nonsense: expected host:port"):
+        check_address("nonsense")
+    check_address("auto")  # Ray's to resolve
+
+
+@pytest.mark.slow
+def test_ctrl_c_reports_what_finished(tmp_path: Path) -> None:
+    """Ctrl-C during `--backend ray`: the tasks are cancelled, "interrupted" is said, exit 130, in seconds."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for name in ("r-a", "r-b", "r-c"):
+        write_recipe(tmp_path, {**small(name), "passes": [{"type": "export"}, {"type": "ort_session"}]}, f"{name}.yaml")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optimizer.cli.app", "--history", str(tmp_path / "h.sqlite"), "compile",
+         *(str(tmp_path / f"{n}.yaml") for n in ("r-a", "r-b", "r-c")), "--backend", "ray", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS.parent, env=env,
+    )
+    deadline = time.monotonic() + 120
+    while not (out.is_dir() and any(out.iterdir())) and time.monotonic() < deadline:  # a build task has begun
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    start = time.perf_counter()
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert time.perf_counter() - start < 60
+    assert "interrupted: the workers stopped; the reports of what they finished follow" in err
+    assert "recipes finished cleanly" in err

@@ -249,7 +249,8 @@ def test_ties_within_noise_go_to_the_smaller_stage() -> None:
     b = report.stages[3].metrics
     assert b is not None
     b.scenarios["b1"].vs_parent = Speedup(ratio=1.98, low=1.9, high=2.05, verdict="faster")
-    b.size_bytes = 50
+    report.stages[2].metrics.size_bytes = 100 * 2**20  # a material difference: 10% and 1 MiB at least
+    b.size_bytes = 50 * 2**20
     best, why = best_stage(report.stages, report.scenario_names)
     assert best is not None and best.name == "b" and "within noise" in why and "smaller" in why
 

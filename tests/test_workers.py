@@ -238,3 +238,38 @@ def test_pool_hands_each_stage_end_to_the_driver(tmp_path: Path) -> None:
     # after the source stage (export not reached yet), then after the export stage
     assert seen == {f"w-live{i}": [["ran", "not run"], ["ran", "ran"]] for i in range(2)}
     assert set(outcomes) == {"incomplete"}
+
+
+def test_ctrl_c_starts_no_queued_recipe(tmp_path: Path) -> None:
+    """Ctrl-C during `--workers 2` with 3 recipes: the queued third never starts, the two running stop, and the
+    summary counts what did finish cleanly."""
+    import re
+    import signal
+
+    from conftest import TESTS
+
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    for name in ("i-a", "i-b", "i-c"):
+        write_recipe(folder, {**small(name), "passes": [{"type": "export"}, {"type": "ort_session"}]}, f"{name}.yaml")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optimizer.cli.app", "--history", str(tmp_path / "h.sqlite"), "compile", str(folder),
+         "--workers", "2", "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS.parent, env=env,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # the first stage line: both workers busy, the third recipe queued
+    assert first.startswith(("i-a: 00 source", "i-b: 00 source")), first
+    start = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert time.perf_counter() - start < 60
+    assert not (tmp_path / "out" / "i-c").exists()  # never started
+    assert "i-c.yaml: interrupted before its first stage finished" in err
+    summary = re.search(r"interrupted: (\d) of 3 recipes finished cleanly", err)
+    assert summary is not None, err
+    ok = [n for n in ("i-a", "i-b") if (tmp_path / "out" / n / "report.json").is_file()
+          and read_report(tmp_path / "out" / n / "report.json").outcome == "ok"]
+    assert int(summary.group(1)) == len(ok)

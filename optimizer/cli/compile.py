@@ -42,7 +42,7 @@ def compile_(
         None, "--model", help="instead of a recipe: a Hugging Face folder, an .onnx file or module:function, compiled "
         "with a generated recipe (written into the run folder as recipe.yaml)"
     ),
-    device: str = typer.Option("cpu", "--device", help="with --model: the target, cpu or cuda"),
+    device: str | None = typer.Option(None, "--device", help="with --model: the target, cpu (default) or cuda"),
     mlflow_uri: str | None = typer.Option(
         None, "--mlflow", help="also log each run to MLflow at URI (a parent run, a nested run per stage)"
     ),
@@ -67,12 +67,21 @@ def compile_(
     opts = options(ctx)
     if backend not in ("local", "ray"):
         fail(opts, f"--backend {backend!r}: one of local, ray", 2)
+    if address is not None and backend != "ray":
+        fail(opts, "--address is for --backend ray (the Ray cluster to join)", 2)
+    if device is not None and model is None:
+        fail(opts, "--device is for --model; a recipe names its device in target.device", 2)
+    if mlflow_uri:  # before any work: a store that is down would otherwise fail only after the whole compile
+        from optimizer.report.mlflow_log import check_uri
+
+        check_uri(mlflow_uri)
     if model is not None:
         if recipes:
             fail(opts, "give recipe files or --model, not both", 2)
         from optimizer.cli.auto_compile import prepare_model_recipe
 
-        generated = prepare_model_recipe(model, device, out_dir)
+        device = device or "cpu"
+        generated = prepare_model_recipe(model, device, out_dir, measure=not no_bench)
         opts.out.print(f"recipe for {model} ({device}): {generated}", highlight=False, soft_wrap=True)
         recipes, out_dir = [generated], generated.parent
     elif not recipes:
@@ -94,9 +103,13 @@ def compile_(
             if codes[-1] == 130:  # interrupted: the recipes after it are not started
                 break
     else:
-        codes += _compile_pooled(
+        pooled, interrupted = _compile_pooled(
             opts, loaded, run_dirs, workers, backend, address, no_cache, no_bench, no_history, mlflow_uri
         )
+        codes += pooled
+        if interrupted:  # the exit code says so even when every recipe had finished
+            failing = sum(1 for c in codes if c)
+            fail(opts, f"interrupted: {len(paths) - failing} of {len(paths)} recipes finished cleanly", 130)
     worst = max(codes, default=0)
     if worst:
         failing = sum(1 for c in codes if c)
@@ -210,16 +223,16 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
             report.history_id = record(report, opts.history)
         except OptimizerError as e:
             history_error = str(e)
+    if report:
+        show_report(report, run_dir, opts)
     mlflow_error: str | None = None
-    if report and mlflow_uri:
+    if report and mlflow_uri:  # after the tables: a slow store delays nothing the user needs
         from optimizer.report.mlflow_log import log_run
 
         try:
             opts.out.print(f"mlflow: run {log_run(report, run_dir, mlflow_uri)} at {mlflow_uri}", highlight=False)
         except OptimizerError as e:
             mlflow_error = str(e)
-    if report:
-        show_report(report, run_dir, opts)
     if mlflow_error:
         opts.err.print(f"[yellow]warning:[/] not logged to MLflow: {mlflow_error}", highlight=False, soft_wrap=True)
     if history_error:
@@ -241,9 +254,10 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
 
 def _compile_pooled(opts: Any, loaded: dict[Path, Any], run_dirs: dict[Path, Path], workers: int, backend: str,
                     address: str | None, no_cache: bool, no_bench: bool, no_history: bool,
-                    mlflow_uri: str | None = None) -> list[int]:
+                    mlflow_uri: str | None = None) -> tuple[list[int], bool]:
     """The recipes on workers (a local process pool, or Ray): a line per stage as they go, then, from the
-    driver alone, each recipe's report, history entry and tables in the order given. The exit code of each."""
+    driver alone, each recipe's report, history entry and tables in the order given. The exit code of each, and
+    whether the run was interrupted."""
     from optimizer.cli.console import STATUS_STYLE
     from optimizer.engine.jobs import Job
 
@@ -274,17 +288,20 @@ def _compile_pooled(opts: Any, loaded: dict[Path, Any], run_dirs: dict[Path, Pat
 
     signal.signal(signal.SIGTERM, _sigterm)
     interrupted = False
-    if backend == "ray":
-        from optimizer.engine.ray_backend import run_ray
+    from optimizer.engine.pool import Interrupted
 
-        results = run_ray(jobs, address, num_cpus=1, local_cpus=max(workers, 2), on_done=done_line)
-    else:
-        from optimizer.engine.pool import Interrupted, run_pool
+    try:
+        if backend == "ray":
+            from optimizer.engine.ray_backend import run_ray
 
-        try:
+            results = run_ray(jobs, address, num_cpus=1, local_cpus=max(workers, 2), on_done=done_line)
+        else:
+            from optimizer.engine.pool import run_pool
+
             results = run_pool(jobs, workers, stage_line, done_line, progress_report)
-        except Interrupted as e:
-            interrupted, results = True, e.results
+    except Interrupted as e:
+        opts.err.print("interrupted: the workers stopped; the reports of what they finished follow", highlight=False)
+        interrupted, results = True, e.results
     codes = []
     for job, path in zip(jobs, loaded, strict=True):
         result = next(x for x in results if x.job.recipe_path == job.recipe_path)
@@ -292,9 +309,13 @@ def _compile_pooled(opts: Any, loaded: dict[Path, Any], run_dirs: dict[Path, Pat
             opts.err.print(f"[red]error:[/] {path}: {result.error}", highlight=False, soft_wrap=True)
             codes.append(result.error_code)
             continue
+        if result.interrupted and not result.records:
+            opts.err.print(f"{path}: interrupted before its first stage finished", highlight=False, soft_wrap=True)
+            codes.append(130)
+            continue
         codes.append(_exit_code(opts, lambda p=path, x=result: _finish(  # type: ignore[misc]
             opts, p, loaded[p], x.records, run_dirs[p], x.wall_seconds, no_history, [], x.interrupted, mlflow_uri)))
-    return [130, *codes] if interrupted else codes
+    return codes, interrupted
 
 
 @app.command("report")

@@ -42,3 +42,33 @@ def silence_transformers() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+
+
+@contextlib.contextmanager
+def drop_native_lines(pattern: str, fd: int = 2) -> Iterator[None]:
+    """Lines matching `pattern` written to file descriptor `fd` by native code (which quiet()'s Python-level
+    redirect never sees, e.g. Kineto's "USDT: ... profiler_start" on every torch.profiler session) are dropped;
+    the other lines are written through when the block ends."""
+    import os
+    import re
+    import sys
+    import tempfile
+
+    regex = re.compile(pattern)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            lines = tmp.read().splitlines(keepends=True)
+            kept = [x for x in lines if not regex.search(x.decode(errors="replace"))]
+            if kept:
+                os.write(fd, b"".join(kept))

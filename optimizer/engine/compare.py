@@ -6,7 +6,8 @@ Fairness: stage 0 of an ONNX source runs with ORT's graph optimizations off. For
 `ort_session` stage "a" (A with that level) comes first and B inherits its session options, so A and B always
 run with the same graph optimization level, threads and spinning. The level is part of the output.
 
-Inputs come from the graph (names, dtypes, dims; symbolic dims bound by `--scenario batch=1,seq=128`) or from a
+Inputs come from the graph, inferred as `compile --model` does (names, dtypes, index ranges, dims renamed to
+batch / seq; symbolic dims bound by `--scenario batch=1,seq=128`, by either name) or from a
 recipe (its inputs, scenarios, accuracy, benchmark and target). Real text needs the tokenizer of a model folder,
 which an ONNX file has not: such a recipe's inputs are generated from its specs instead, and the notes say so.
 """
@@ -25,8 +26,6 @@ from optimizer.recipe.schema import SAFE_NAME, BenchmarkSettings, Recipe, recipe
 
 LEVELS = ("disable_all", "basic", "extended", "all")
 A_STAGE, B_STAGE = "a", "b"  # stage names in the generated recipe ("source" is A when the level is disable_all)
-BATCH_DIMS = {"batch", "batch_size", "n", "b", "batch_dim"}
-SEQ_DIMS = {"seq", "seq_len", "seq_length", "sequence", "sequence_length", "s", "tokens", "num_tokens"}
 DEFAULT_SEQ = 128
 GENERATED_DTYPES = {"int64", "int32", "float32", "float16", "bool"}  # what recipe InputSpecs can generate
 
@@ -67,11 +66,14 @@ def default_name(a: Side, b: Side) -> str:
     return safe(f"compare-{a.short}-{b.short}")
 
 
-def parse_scenario(text: str, with_seq: bool = True) -> dict[str, Any]:
+def parse_scenario(text: str, with_seq: bool = True, renamed: dict[str, str] | None = None) -> dict[str, Any]:
     """`batch=1,seq=128[,name=b1][,other_dim=N]` -> a recipe scenario (unknown keys are symbolic dims); with_seq:
-    the inputs have a sequence dim, so seq defaults to 128 and is part of the default name."""
+    the inputs have a sequence dim, so seq defaults to 128 and is part of the default name. renamed: the graph's
+    own dim names -> the recipe's (as compile --model names them), so either name is taken."""
     where = f"--scenario {text!r}"
+    renamed = renamed or {}
     out: dict[str, Any] = {"dims": {}}
+    given: dict[str, tuple[str, int]] = {}  # recipe dim -> (the key the user gave it with, its value)
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
         key = key.strip()
@@ -86,10 +88,17 @@ def parse_scenario(text: str, with_seq: bool = True) -> dict[str, Any]:
             raise OptimizerError(f"{where}: {key}={value!r} is not a whole number") from None
         if number < 1:
             raise OptimizerError(f"{where}: {key}={number} must be >= 1")
-        if key in ("batch", "seq"):
-            out[key] = number
+        dim = renamed.get(key, key)
+        if dim in given and given[dim][1] != number:
+            raise OptimizerError(
+                f"{where}: {given[dim][0]!r} and {key!r} are both `{dim}` (the graph's dims as compile --model names "
+                f"them: {mapping_text(renamed)}); give `{dim}` one value"
+            )
+        given[dim] = (key, number)
+        if dim in ("batch", "seq"):
+            out[dim] = number
         else:
-            out["dims"][key] = number
+            out["dims"][dim] = number
     out.setdefault("batch", 1)
     if with_seq:
         out.setdefault("seq", DEFAULT_SEQ)
@@ -97,27 +106,49 @@ def parse_scenario(text: str, with_seq: bool = True) -> dict[str, Any]:
     return out
 
 
-def _canonical(dim: str) -> str:
-    low = dim.lower()
-    return "batch" if low in BATCH_DIMS else "seq" if low in SEQ_DIMS else dim
+def mapping_text(renamed: dict[str, str]) -> str:
+    return ", ".join(f"{k!r} -> {v}" for k, v in renamed.items())
 
 
-def graph_inputs(path: Path, label: str) -> list[dict[str, Any]]:
-    """Recipe input specs from an ONNX file's inputs: names, dtypes, dims (symbolic dims named as the graph names
-    them; batch-like and sequence-like names become `batch` and `seq`)."""
+@dataclass
+class GraphInputs:
+    """A's inputs as `compile --model` infers them from the graph (optimizer/recipe/auto_inputs.py)."""
+
+    specs: list[dict[str, Any]]
+    dims: dict[str, int]  # symbolic dims beyond batch and seq, with compile --model's default sizes
+    renamed: dict[str, str]  # the graph's dim name -> the recipe's, where they differ
+    notes: list[str]
+
+
+def graph_inputs(path: Path, label: str) -> GraphInputs:
+    """Recipe input specs from an ONNX file's inputs, inferred as `compile --model` does: integer inputs in the
+    range of the embedding table they index, masks of ones, symbolic dims renamed to batch / seq / safe names."""
+    from optimizer.recipe.auto_inputs import onnx_facts
     from passes.substitute import graph_io
 
-    specs = []
-    for t in graph_io(path).inputs:
+    io = graph_io(path)
+    for t in io.inputs:
         if t.dtype not in GENERATED_DTYPES:
             raise OptimizerError(
                 f"{label} ({path.name}): input {t.name!r} is {t.dtype}, which cannot be generated "
                 f"({', '.join(sorted(GENERATED_DTYPES))}); give --recipe with a data_file"
             )
-        shape = [d if isinstance(d, int) else _canonical(d) if d != "?" else f"{t.name}_dim{i}"
-                 for i, d in enumerate(t.dims)]
-        specs.append({"name": t.name, "dtype": t.dtype, "shape": shape, **_fill(t.name, t.dtype)})
-    return specs
+    try:
+        facts = onnx_facts(path, f"{label} ({path.name})")
+    except OptimizerError as e:  # its messages start with compile's option name
+        raise OptimizerError(str(e).removeprefix("--model ")) from None
+    shapes = {spec["name"]: spec["shape"] for spec in facts.inputs}
+    renamed = {
+        g: r for t in io.inputs for g, r in zip(t.dims, shapes[t.name], strict=True)
+        if isinstance(g, str) and g != "?" and g != r
+    }
+    notes = [n for n in facts.notes if not n.startswith("other symbolic dims")]
+    if renamed:
+        notes.append(f"the graph's dims are named as compile --model names them: {mapping_text(renamed)} "
+                     f"(--scenario takes either name)")
+    if facts.dims:
+        notes.append(f"other symbolic dims bound to {facts.dims} unless --scenario gives them")
+    return GraphInputs(facts.inputs, facts.dims, renamed, notes)
 
 
 def _fill(name: str, dtype: str) -> dict[str, Any]:
@@ -130,10 +161,17 @@ def _fill(name: str, dtype: str) -> dict[str, Any]:
     return {}
 
 
-def _bind(specs: list[dict[str, Any]], scenarios: list[dict[str, Any]]) -> None:
-    """Every symbolic dim other than batch and seq must be bound by every scenario, else a one-line error."""
+def _bind(specs: list[dict[str, Any]], scenarios: list[dict[str, Any]], given: bool) -> None:
+    """Every symbolic dim other than batch and seq must be bound by every scenario, else a one-line error; given:
+    the scenarios are --scenario's, whose dims must all be the inputs' own."""
     dims = {d for s in specs for d in s["shape"] if isinstance(d, str)}
     for scen in scenarios:
+        unknown = sorted(set(scen.get("dims", {})) - dims) if given else []
+        if unknown:
+            known = ", ".join(sorted(dims)) or "none"
+            raise OptimizerError(
+                f"scenario {scen['name']}: {unknown[0]!r} is not a dim of the inputs (theirs: {known})"
+            )
         missing = sorted(dims - {"batch", "seq"} - set(scen.get("dims", {})))
         if missing:
             owner = {d: s["name"] for s in specs for d in s["shape"] if d in missing}
@@ -197,18 +235,25 @@ def compare_recipe(
     else:
         base_data = base  # type: ignore[assignment]
     kept = _from_base(base_data, notes) if base_data is not None else {}
+    inferred = None
     if not kept.get("inputs") and not kept.get("data_file"):
-        kept["inputs"] = graph_inputs(a.path, "A")
+        inferred = graph_inputs(a.path, "A")
+        kept["inputs"] = inferred.specs
         notes.append(
-            "inputs generated from A's graph (random values, integers in [0, 1000), masks of ones): accuracy on "
-            "real data needs --recipe with a data_file"
+            "inputs generated from A's graph as compile --model infers them (random values, integer inputs in the "
+            "range of the embedding table they index, masks of ones): accuracy on real data needs --recipe with a "
+            "data_file"
         )
+        notes += inferred.notes
     with_seq = any("seq" in spec["shape"] for spec in kept.get("inputs", []))
+    renamed = inferred.renamed if inferred is not None else {}
     if scenarios:
-        kept["scenarios"] = [parse_scenario(s, with_seq) for s in scenarios]
+        kept["scenarios"] = [parse_scenario(s, with_seq, renamed) for s in scenarios]
     elif not kept.get("scenarios"):
         kept["scenarios"] = [parse_scenario("batch=1", with_seq)]
-    _bind(kept.get("inputs", []), kept["scenarios"])
+    if inferred is not None and inferred.dims:  # compile --model's sizes for the dims no scenario gives
+        kept["scenarios"] = [{**s, "dims": {**inferred.dims, **s.get("dims", {})}} for s in kept["scenarios"]]
+    _bind(kept.get("inputs", []), kept["scenarios"], given=bool(scenarios))
     target = dict(kept.pop("target", {}) or {})
     if threads is not None:
         target["threads"] = threads

@@ -295,8 +295,9 @@ class Pipeline:
         elif isinstance(e, OptimizerError):
             rec.reason = str(e)
         else:  # a library (or our code) blew up in a way it does not document: keep the run, say what happened
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            rec.reason = f"{type(e).__name__}: {first}"
+            from optimizer.runtime.errortext import error_line  # the line naming the problem, not a banner
+
+            rec.reason = f"{type(e).__name__}: {error_line(str(e))}"
         rec.notes["traceback"] = "".join(traceback.format_exception(e))
 
     def _source(self, rec: StageRecord) -> None:

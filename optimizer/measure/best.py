@@ -4,8 +4,10 @@ Eligible: a stage that ran (or was cached), is within the accuracy budget, has a
 PyTorch source) and was measured in every scenario through a chain of interleaved ratios back to stage 0.
 Fastest: the highest speedup against stage 0, as the geometric mean over scenarios of the chained interleaved
 ratios (never raw P50s: stages are timed in different sessions and a raw P50 carries its session's drift).
-Ties: candidates whose speed is within noise of the fastest's are tied, and the smallest (bytes on disk, then
-memory) wins.
+Ties: candidates whose speed is within noise of the fastest's are tied. Among them, a stage slower than stage 0
+beyond noise is dropped when a tied stage is not; then the fastest wins unless another is materially smaller on
+disk (at least 10% and at least 1 MiB fewer bytes: a few KB between two tiny graphs, or a size measured as equal
+to a rounding, must not outweigh the measured speed), and then the smallest of those does.
 
 Two stages are compared through their common ancestor: only the links after it differ, so a branch is judged on
 its own interleaved measurements. Each link's 95% interval is read as a normal interval in log space and the
@@ -112,11 +114,26 @@ def eligibility(stages: Sequence[StageReport], scenarios: Sequence[str], stage: 
     return None
 
 
-def _size(stage: StageReport) -> tuple[float, float]:
+MATERIAL_SHARE = 0.10  # a tied stage must be this much smaller than the fastest to win on size ...
+MATERIAL_BYTES = 2**20  # ... and by at least this many bytes
+
+
+def _size(stage: StageReport) -> float:
     m = stage.metrics
-    if m is None:
-        return math.inf, math.inf
-    return float(m.size_bytes or math.inf), float(m.memory_mb or math.inf)
+    return float(m.size_bytes or math.inf) if m is not None else math.inf
+
+
+def materially_smaller(a: StageReport, b: StageReport) -> bool:
+    """Whether a's artifact is smaller than b's by enough to choose it over an equally fast b."""
+    sa, sb = _size(a), _size(b)
+    return sa < math.inf and (sb == math.inf or (sb - sa >= MATERIAL_BYTES and sa <= sb * (1 - MATERIAL_SHARE)))
+
+
+def format_size(n_bytes: float) -> str:
+    """Bytes as MB, or as KB with enough digits when under 1 MB."""
+    if n_bytes == math.inf:
+        return "?"
+    return f"{n_bytes / 2**20:.1f} MB" if n_bytes >= 2**20 else f"{n_bytes / 2**10:.1f} KB"
 
 
 def best_stage(stages: Sequence[StageReport], scenarios: Sequence[str]) -> tuple[StageReport | None, str]:
@@ -128,7 +145,11 @@ def best_stage(stages: Sequence[StageReport], scenarios: Sequence[str]) -> tuple
     speed = {s.name: compare(stages, scenarios, s.name, source) for s in eligible}
     fastest = max(eligible, key=lambda s: speed[s.name].ratio)  # type: ignore[union-attr]
     ties = [s for s in eligible if s is fastest or compare(stages, scenarios, s.name, fastest.name).tie]  # type: ignore[union-attr]
-    chosen = min(ties, key=_size)
+    not_slower = [s for s in ties if speed[s.name].high >= 1.0]  # type: ignore[union-attr]
+    ties = not_slower or ties  # a stage slower than stage 0 beyond noise loses to one that is not
+    fastest = max(ties, key=lambda s: speed[s.name].ratio)  # type: ignore[union-attr]
+    smaller = [s for s in ties if materially_smaller(s, fastest)]
+    chosen = min(smaller, key=_size) if smaller else fastest
     c = speed[chosen.name]
     assert c is not None
     why = (
@@ -140,11 +161,11 @@ def best_stage(stages: Sequence[StageReport], scenarios: Sequence[str]) -> tuple
         assert f is not None
         why += (
             f"; `{fastest.name}` ({f.ratio:.2f}x) is within noise of it, and `{chosen.name}` is smaller "
-            f"({_size(chosen)[0] / 2**20:.1f} vs {_size(fastest)[0] / 2**20:.1f} MB)"
+            f"({format_size(_size(chosen))} vs {format_size(_size(fastest))})"
         )
     elif len(ties) > 1:
         others = ", ".join(f"`{s.name}`" for s in ties if s is not chosen)
-        why += f"; tied within noise with {others}, and the smallest of them"
+        why += f"; also within noise: {others}, none smaller by 10% and 1 MB"
     faster_rejected = [
         s.name
         for s in stages

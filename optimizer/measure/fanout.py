@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.pass_base import PassContext
+from optimizer.runtime.childpath import child_sys_path
 from optimizer.runtime.threads import target_threads
 
 _task: tuple[Callable[[PassContext, Any], Any], PassContext] | None = None  # in a worker: what it runs
@@ -28,13 +29,13 @@ _task: tuple[Callable[[PassContext, Any], Any], PassContext] | None = None  # in
 def _our_packages_first() -> Iterator[None]:
     """A spawned worker imports with this process's sys.path, where onnxruntime.transformers (once imported, e.g.
     by fuse) has appended its own folder, which holds an optimizer.py: the worker would import that as our
-    `optimizer` (this process imported ours before). Our root goes first while the workers start."""
-    root = str(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, root)
+    `optimizer`. While the workers start, sys.path is the one every child gets (runtime/childpath.py)."""
+    saved = list(sys.path)
+    sys.path[:] = child_sys_path(saved)
     try:
         yield
     finally:
-        sys.path.remove(root)
+        sys.path[:] = saved
 
 
 def _init(fn: Callable[[PassContext, Any], Any], services: Callable[[], Any], recipe: Any, stage_name: str,

@@ -101,8 +101,9 @@ def busy_sentence(b: dict[str, Any]) -> str:
     parts = []
     if b["stages"]:
         parts.append(
-            f"other processes used up to {b['max_other_cpu_cores']:.2f} of {b['cores']} cores while "
-            f"{', '.join(b['stages'])} were timed (load average up to {b['max_load_avg_1m']:.1f}"
+            f"other processes kept the CPUs busy while {', '.join(b['stages'])} "
+            f"{'was' if len(b['stages']) == 1 else 'were'} timed ({b['max_other_cpu_cores']:.2f} cores' worth at "
+            f"most, on {b['cores']} cores; load average up to {b['max_load_avg_1m']:.1f}"
             + (f", steal {b['max_steal_share']:.0%}" if b["max_steal_share"] >= BUSY_STEAL else "")
             + ")"
         )

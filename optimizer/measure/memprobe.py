@@ -15,7 +15,6 @@ serving this stage costs on top of the runtime, the same way for every stage.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
+from optimizer.runtime.childpath import child_env
 
 TIMEOUT_S = 900
 
@@ -50,9 +50,9 @@ def probe(artifact: Artifact, recipe: Any) -> dict[str, Any]:
     from optimizer.recipe.schema import recipe_dict
 
     spec = {"artifact": artifact.to_json(), "recipe": recipe_dict(recipe), "recipe_dir": str(recipe.base_dir)}
-    # The child imports what this process can: a factory model's module may be importable only through this
-    # process's sys.path (the working directory, a path a test or notebook added).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+    # The child imports what this process can (a factory model's module may be importable only through this
+    # process's sys.path), our package first: see runtime/childpath.py.
+    env = child_env()
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "optimizer.measure.memprobe"],

@@ -27,6 +27,7 @@ import numpy as np
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.metrics import NodeTimes, ScenarioProfile
+from optimizer.core.quiet import drop_native_lines
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.runners.ort_runner import RunProfile
 
@@ -128,7 +129,8 @@ def profile_torch(fn: Callable[[], Any], calls: int, cuda: bool) -> tuple[dict[s
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
+    # Kineto prints "USDT: ... SyncActivityProfilerHandler.cpp ... profiler_start/stop" from C++ on every session
+    with drop_native_lines(r"^USDT:.*ActivityProfiler"), profile(activities=activities) as prof:
         for i in range(calls):
             with record_function(f"{MARK}{i}"):
                 fn()

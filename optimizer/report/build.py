@@ -206,6 +206,7 @@ def findings(report: RunReport) -> list[str]:
                     f"{label} on {scen}: timing was unstable (coefficient of variation {sm.latency.cv:.0%}); "
                     "treat its P99 with care, or raise benchmark.rounds / set benchmark.target_ci"
                 )
+            out += _parent_drift(st, by_name.get(st.parent or ""), scen, sm, label)
             vs = sm.vs_parent
             if vs is not None and vs.verdict == "slower":
                 why = main_parts(report, st, scen)  # one per part: the call, or the prefill and the decode step
@@ -219,6 +220,25 @@ def findings(report: RunReport) -> list[str]:
                     )
                 )
     return out
+
+
+PARENT_DRIFT = 3.0  # the parent's P50 beside a stage against its own: beyond this factor the ratio is not trusted
+
+
+def _parent_drift(st: StageReport, parent: StageReport | None, scen: str, sm: ScenarioMetrics, label: str) -> list[str]:
+    """The interleaved ratio assumes the parent ran beside the stage as it runs alone; when its P50 there is far
+    from its own measurement (a tiny PyTorch model beside ONNX Runtime on a loaded machine ran 200x slower), the
+    ratio measures the disturbance, not the stage."""
+    own_sm = parent.scenario(scen) if parent is not None else None
+    beside = sm.parent_latency.p50_ms if sm.parent_latency is not None else None
+    own = own_sm.latency.p50_ms if own_sm is not None else None
+    if parent is None or not beside or not own or max(beside / own, own / beside) <= PARENT_DRIFT:
+        return []
+    ratio = f" {sm.vs_parent.ratio:.2f}x" if sm.vs_parent is not None else ""
+    return [
+        f"{label} on {scen}: its input ({parent.name}) ran {beside:.3g} ms (P50) beside this stage against "
+        f"{own:.3g} ms on its own ({beside / own:.1f}x): the ratio{ratio} is unreliable; re-run on a quiet machine"
+    ]
 
 
 MORE_LAUNCHES = 0.10  # a stage issuing >= 10% more kernel launches per call than its input is worth a line

@@ -16,7 +16,7 @@ from optimizer.core.errors import OptimizerError
 from optimizer.core.stage import StageReport
 from optimizer.engine.compare import A_STAGE, B_STAGE, Side, file_side
 from optimizer.recipe.schema import SOURCE_STAGE
-from optimizer.report.explain import Explanation, explain, main_parts
+from optimizer.report.explain import NOISE_MS, Explanation, explain, main_parts
 from optimizer.report.schema import RunReport
 
 ACCURACY_KEYS = ("cosine", "cosine_mean", "pooled_cosine", "max_abs", "max_rel", "top1")
@@ -36,6 +36,15 @@ def resolve_side(label: str, spec: str, history: Path | None = None) -> Side:
     if st is None:
         known = ", ".join(s.name for s in report.stages)
         raise OptimizerError(f"{label}: run {run} has no stage {stage!r} (its stages: {known})")
+    if st.status in ("skipped", "failed"):  # its artifact is its parent's (or nothing it made): not this stage
+        why = (st.reason or "no reason given").removeprefix(f"{stage}: ")
+        if st.status == "failed":
+            raise OptimizerError(f"{label}: stage {stage!r} of {run} failed ({why})")
+        owner = report.stage(st.parent or "")
+        while owner is not None and owner.status == "skipped":  # a chain of skips: the stage that made the model
+            owner = report.stage(owner.parent or "")
+        whose = f"its parent {owner.name!r}'s" if owner is not None else "not its own"
+        raise OptimizerError(f"{label}: stage {stage!r} of {run} was skipped ({why}); its model is {whose}")
     art = st.artifact
     if art is None or art.kind != "onnx" or art.path is None:
         kind = art.kind if art is not None else "no"
@@ -125,22 +134,37 @@ def summarize(report: RunReport, a: Side, b: Side, notes: list[str]) -> dict[str
     out["size_mb"] = {k: m.size_bytes / 2**20 if m.size_bytes else None for k, m in (("a", ma), ("b", mb))}
     out["memory_mb"] = {"a": ma.memory_mb, "b": mb.memory_mb}
     why = explain(report, sb)
+    rows = {r["scenario"]: r for r in out["scenarios"]}
     if why is not None:
-        out["explanation"] = _explanation(why)
+        out["explanation"] = _explanation(why, rows)
     out["scenario_explanations"] = [  # every other scenario: one line each (its rows in compare.json)
-        _explanation(e) for scen in report.scenario_names[1:] for e in main_parts(report, sb, scen)
+        _explanation(e, rows) for scen in report.scenario_names[1:] for e in main_parts(report, sb, scen)
     ]
     return out
 
 
-def _explanation(e: Explanation) -> dict[str, Any]:
+def coverage_line(e: Explanation, row: dict[str, Any] | None) -> str:
+    """How much of the measured change the profile accounts for, in the table's own numbers (the same scenario's
+    P50s and B/A ratio and its verdict), so a change tiny in ms but beyond noise never reads as 'did not move'."""
+    if row is None or e.measured_delta_ms is None:
+        return e.coverage()
+    profile = dataclasses.replace(e, measured_delta_ms=None).coverage()  # "<profile's change> (scenario, tool)"
+    pa, pb = row["p50_a_ms"], row["p50_b_ms"]
+    measured = pb - pa
+    share = f"; the profile's change is {e.profile_delta_ms / measured:.0%} of it" if abs(measured) >= NOISE_MS else ""
+    digits = 4 if max(pa, pb) < 0.1 else 3  # enough that the two P50s show the delta between them
+    return (f"{profile}; measured P50 {pa:.{digits}f} -> {pb:.{digits}f} ms ({measured:+.{digits}f} ms, "
+            f"B/A {row['ratio']:.2f}x: {row['verdict']}){share}")
+
+
+def _explanation(e: Explanation, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     e = dataclasses.replace(e, stage="B", parent="A")
     nodes = e.nodes
     return {
         "scenario": e.scenario,
         "part": e.per,
         "summary": e.summary(),
-        "coverage": e.coverage(),
+        "coverage": coverage_line(e, rows.get(e.scenario) if e.per == "call" else None),
         "profile_delta_ms": e.profile_delta_ms,
         "measured_delta_ms": e.measured_delta_ms,
         "rows": [{"op": r.op, "a_ms": r.parent_ms, "b_ms": r.stage_ms, "delta_ms": r.delta_ms, "change": r.change}

@@ -34,6 +34,11 @@ INSTALL = "pip install optimizer[mlflow]"
 ARTIFACTS = ("report.html", "report.json", "report.md")
 RECIPE_FILE = "recipe.yaml"  # written beside the report by `compile --model` (cli/auto_compile.py)
 MAX_PARAM = 500  # MLflow limits a param's value (6000 chars in 2.x+); a config this long is read in report.json
+# MLflow's HTTP client retries 7 times with backoff (~4 min against a server that is down): bounded for our calls.
+CHECK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+SCHEMES = ("file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
+LOG_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, str]:
@@ -136,6 +141,41 @@ def _file_store_allowed(uri: str) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
+@contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    """These environment variables for the call only; one the user set is theirs and kept."""
+    added = [k for k in values if k not in os.environ]
+    os.environ.update({k: values[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _one_line(uri: str, e: BaseException) -> OptimizerError:
+    text = str(getattr(e, "message", None) or e).strip() or type(e).__name__
+    return OptimizerError(f"--mlflow {uri}: {text.splitlines()[0][:300]}")
+
+
+def check_uri(uri: str) -> None:
+    """Before a compile: mlflow installed, the URI's store one MLflow knows and answering (one cheap query, a
+    few seconds at most). A problem is one OptimizerError line, so nothing is built for a run that cannot log."""
+    try:
+        from mlflow import MlflowClient
+    except ImportError:
+        raise OptimizerError(f"--mlflow: mlflow is not installed: {INSTALL}") from None
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower()  # postgresql+psycopg2://: the driver's
+    if "://" in uri and scheme not in SCHEMES:
+        raise OptimizerError(f"--mlflow {uri}: unknown scheme {scheme!r}; one of file:, sqlite:///, http(s)://, "
+                             "postgresql://, mysql://, databricks (or a folder path)")
+    try:
+        with _file_store_allowed(uri), _env(CHECK_HTTP):
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as e:  # an unknown scheme, a server that is down, a database driver missing: all one line
+        raise _one_line(uri, e) from None
+
+
 def _experiment(client: Any, name: str, uri: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
@@ -176,12 +216,11 @@ def log_run(report: RunReport, run_dir: Path, uri: str, experiment: str | None =
     except ImportError:
         raise OptimizerError(f"--mlflow: mlflow is not installed: {INSTALL}") from None
     try:
-        with _file_store_allowed(uri):
+        with _file_store_allowed(uri), _env(LOG_HTTP):
             client = MlflowClient(tracking_uri=uri)
             return _log(client, report, run_dir, uri, experiment or report.recipe.name)
     except MlflowException as e:
-        first = (str(e.message).strip().splitlines() or ["refused"])[0]
-        raise OptimizerError(f"--mlflow {uri}: {first[:300]}") from None
+        raise _one_line(uri, e) from None
     except OSError as e:
         raise OptimizerError(f"--mlflow {uri}: {e.strerror or e}") from None
 

@@ -48,6 +48,14 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def size_mb_cell(size_bytes: int | None) -> str:
+    """MB with one decimal; under 1 MB three significant digits, so two small graphs do not both read 0.0."""
+    if size_bytes is None:
+        return "-"
+    mb = size_bytes / 2**20
+    return f"{mb:.1f}" if mb >= 1 else f"{mb:.3g}"
+
+
 def kernels_cell(k: CudaKernels | None) -> str:
     """'412/3': kernels run on the device / launch calls the host made for them (a CUDA graph replay is one)."""
     return "-" if k is None or not k.counted else f"{k.kernels:.0f}/{k.launches:.0f}"
@@ -147,7 +155,7 @@ def stage_rows(report: RunReport, scenario: str) -> list[dict[str, str]]:
                 "vs_source": "-" if vs0 is None else f"{vs0:.2f}x",
                 "cosine": _accuracy_cell(first, metric),
                 "budget": "-" if m is None else ("ok" if m.within_budget else "REJECTED"),
-                "size_mb": "-" if size is None else f"{size / 2**20:.1f}",
+                "size_mb": size_mb_cell(size),
                 "memory_mb": fmt(m.memory_mb if m is not None else None, ".0f"),
                 "ttft": fmt(sm.ttft.p50_ms if sm is not None and sm.ttft is not None else None),
                 "tpot_p50": fmt(sm.tpot.p50_ms if sm is not None and sm.tpot is not None else None),
