@@ -277,3 +277,20 @@ def test_compare_output_names_the_nodes_and_every_scenario(fused_run: tuple[Any,
     lines = detail_lines(s)
     assert any(x.startswith("by node: new nodes: ") for x in lines), lines
     assert any(x.startswith("why on b64: B: ") and "; new nodes: " in x for x in lines), lines
+
+
+
+def test_a_long_headline_is_cut_to_the_chart_with_the_whole_line_on_hover() -> None:
+    """The v1 MiniLM report's int8_dynamic headline is longer than the chart is wide: cut, whole on hover."""
+    import re
+
+    from optimizer.report.html import HEADLINE_CHARS, op_delta_chart
+    from optimizer.report.schema import read_report
+
+    report = read_report(Path(__file__).parent / "data" / "report_v1_minilm.json")
+    svg = op_delta_chart(report)
+    heads = re.findall(r'font-weight="bold"><title>([^<]*)</title>([^<]*)</text>', svg)
+    assert heads, svg[:500]
+    assert all(len(shown) <= HEADLINE_CHARS for _, shown in heads)
+    cut = [(whole, shown) for whole, shown in heads if len(whole) > HEADLINE_CHARS]
+    assert cut and all(shown.endswith("…") and whole.startswith(shown[:-1]) for whole, shown in cut)

@@ -176,6 +176,9 @@ def op_breakdown(report: RunReport) -> str:
     )
 
 
+HEADLINE_CHARS = 105
+
+
 def op_delta_chart(report: RunReport, top: int = 6) -> str:
     """A diverging bar chart per stage: the op types whose time changed most against the parent (profiler kernel
     time; left, green: time the stage saved; right, red: time it added), with the summary line above."""
@@ -190,7 +193,10 @@ def op_delta_chart(report: RunReport, top: int = 6) -> str:
     body, y = [], 8
     for e in found:
         scale = scales[(e.per, e.comparable)] or 1.0
-        body.append(f'<text x="6" y="{y + 13}" font-size="12" font-weight="bold">{_esc(e.headline())}</text>')
+        head = e.headline()  # about 105 bold characters fit the chart's width; the whole line on hover
+        shown = head if len(head) <= HEADLINE_CHARS else head[: HEADLINE_CHARS - 1] + "…"
+        body.append(f'<text x="6" y="{y + 13}" font-size="12" font-weight="bold"><title>{_esc(head)}</title>'
+                    f"{_esc(shown)}</text>")
         body.append(f'<text x="6" y="{y + 28}" font-size="11" fill="#555">{_esc(e.coverage())}</text>')
         y += 36
         if e.nodes is not None:  # ONNX Runtime's nodes the pass created or removed, by name; whole on hover
