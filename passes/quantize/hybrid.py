@@ -18,7 +18,10 @@ node in the input's precision and says so. The high-precision side is FP32 on th
 from __future__ import annotations
 
 import math
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -174,13 +177,29 @@ def search(
     return order[:chosen]
 
 
+@contextmanager
+def _one_quantizer_at_a_time(work: Path) -> Iterator[None]:
+    """ORT's quantizer writes `<src>-inferred.onnx` beside its input and deletes it: two processes of ctx.map
+    quantizing the same input would delete each other's file. The quantizations take turns (the evaluations,
+    most of the time, still run in parallel)."""
+    import fcntl
+
+    fd = os.open(work / ".quantizer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def int8_sensitivity(evaluator: Evaluator, src: Path, work: Path, per_channel: bool, ops: list[str],
                      ctx: PassContext, item: tuple[int, str]) -> float:
     """1 - cosine with node `item` alone in INT8: a pure function of the graph, the search inputs and the node,
     so ctx.map may run it in another process."""
     i, node = item
     path = work / f"single{i}.onnx"
-    int8_dynamic(src, path, per_channel, ops, [node], [])
+    with _one_quantizer_at_a_time(work):
+        int8_dynamic(src, path, per_channel, ops, [node], [])
     try:
         return 1.0 - evaluator.on(ctx).cosine(path)
     finally:
