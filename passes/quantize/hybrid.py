@@ -79,11 +79,12 @@ class Evaluator:
         copy.__dict__.update(self.__getstate__(), ctx=ctx)
         return copy
 
-    def accuracy(self, path: Path) -> dict[str, float]:
+    def accuracy(self, path: Path, device: str = "cpu") -> dict[str, float]:
         """The judged output's worst per-sample cosine (or pooled cosine) over the search inputs, and the mean of
-        each input's mean; an input with NaN/inf where the input graph is finite scores 0."""
+        each input's mean; an input with NaN/inf where the input graph is finite scores 0. `device`: where the
+        graph runs (the GPU hybrid checks its deployable graph on cuda too)."""
         worst, means = 1.0, []
-        with self.ctx.session(self._artifact(path)) as session:
+        with self.ctx.session(self._artifact(path), device=device) as session:
 
             def judged(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
                 return [session.to_numpy(session.run(session.prepare(feed)))[self.index]]

@@ -198,24 +198,6 @@ def shapes_of(
     return shapes | inits
 
 
-def accuracy_on(evaluator: Any, path: Path, ctx: PassContext, device: str) -> dict[str, float]:
-    """hybrid.Evaluator.accuracy on any device: the judged output's worst and mean cosine over the search inputs."""
-    worst, means = 1.0, []
-    artifact = Artifact("onnx", path, dict(evaluator.runtime))
-    with ctx.session(artifact, device=device) as session:
-
-        def judged(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-            return [session.to_numpy(session.run(session.prepare(feed)))[evaluator.index]]
-
-        for ref, feed in zip(evaluator.reference, evaluator.feeds, strict=True):
-            check = ctx.check([[ref[evaluator.index]]], judged, [feed])
-            value = check.worst(evaluator.metric)
-            acc = next(iter(check.per_output.values()))
-            means.append(float(acc.get(f"{evaluator.metric}_mean", value)) if value > 0 else 0.0)
-            worst = min(worst, value)
-    return {"cosine": worst, "cosine_mean": float(np.mean(means)) if means else 1.0}
-
-
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
@@ -237,14 +219,14 @@ def deployable_checks(dst: Path, evaluator: Any, ctx: PassContext) -> dict[str, 
         raise PassError(f"hybrid (gpu): nodes with mixed float input types: {'; '.join(mixed[:3])}")
     out: dict[str, Any] = {"onnx_checker": "ok (full_check)", "mixed_float_inputs": 0}
     try:
-        out["cpu"] = accuracy_on(evaluator, dst, ctx, "cpu")
+        out["cpu"] = evaluator.on(ctx).accuracy(dst, "cpu")
     except Exception as e:  # ORT's CPU provider lacks some FP16 kernels: the simulation's numbers stand
         out["cpu"] = {"not run": _first_line(e)}
     reason = gpu.ort_cuda_reason()
     if reason:
         out["gpu"] = {"not run": reason}
     else:
-        out["gpu"] = {**accuracy_on(evaluator, dst, ctx, "cuda"), "on": "onnxruntime CUDAExecutionProvider"}
+        out["gpu"] = {**evaluator.on(ctx).accuracy(dst, "cuda"), "on": "onnxruntime CUDAExecutionProvider"}
     return out
 
 
