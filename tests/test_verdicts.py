@@ -4,6 +4,8 @@ purpose fails a test here."""
 from __future__ import annotations
 
 import copy
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -499,3 +501,171 @@ def test_cache_follows_file_content_and_rebuilds_damaged_stages(tmp_path: Path) 
     rebuilt[1].artifact.path.unlink()  # deleted
     again = Pipeline(recipe, out).execute()
     assert again[1].status == "ran" and "rebuilt" in again[1].notes.get("cache", "")
+
+
+def _chain_run(moves: dict[tuple[str, str], float]) -> RunReport:
+    """source -> export -> a -> b -> c on two scenarios; each pass 1.5x its input (in-run interval +-3%) times
+    exp(move) for the (stage, scenario) pairs given."""
+    names = ["source", "export", "a", "b", "c"]
+    stages = []
+    for i, name in enumerate(names):
+        st = _stage(i, name, names[i - 1] if i else None, None, 10.0, kind="torch" if i == 0 else "onnx",
+                    type="source" if i == 0 else "quantize")
+        scen = {}
+        for s in ("b1", "b8"):
+            entry: dict[str, Any] = {"latency": _latency(10.0), "throughput": {"samples_per_s": 100.0}}
+            if i:
+                vs = 1.5 * math.exp(moves.get((name, s), 0.0))
+                entry["vs_parent"] = {"ratio": vs, "low": vs * 0.97, "high": vs * 1.03, "verdict": "faster"}
+            scen[s] = entry
+        st["metrics"]["scenarios"] = scen
+        stages.append(st)
+    return report_of(stages, [{"name": "b1", "batch": 1, "seq": 1}, {"name": "b8", "batch": 8, "seq": 1}])
+
+
+def test_diff_verdicts_hold_for_all_judged_rows_together() -> None:
+    """Eight ratios judged in one diff: at 95% each, one A/A diff in three flags something (CI saw
+    'ort_extended on b1: 25.2% slower' between two identical runs). The intervals are simultaneous (Bonferroni),
+    so a 19% move among passes that moved 4-6% is within noise, and a 3x slowdown is still caught."""
+    from optimizer.report.diff import diff_reports, regressions
+
+    a = _chain_run({})
+    others = {("a", "b1"): 0.05, ("a", "b8"): -0.04, ("b", "b1"): 0.06, ("b", "b8"): -0.05, ("c", "b8"): -0.03}
+    b = _chain_run({**others, ("c", "b1"): -0.19})
+    d = diff_reports(a, b)
+    row = next(r for r in d["rows"] if r["stage"] == "c" and r["scenario"] == "b1")
+    assert row["verdict"] == "within noise", row
+    assert d["judged_rows"] == 8, d["judged_rows"]
+    assert not regressions(d, 5)
+    slowed = diff_reports(a, _chain_run({**others, ("c", "b1"): -math.log(3)}))
+    assert any(line.startswith("c on b1") for line in regressions(slowed, 5)), slowed["rows"]
+
+
+class SpinSession(RecordingSession):
+    """A session that takes `ms` per call (busy wait, so the timing is its own)."""
+
+    def __init__(self, ms: float) -> None:
+        super().__init__()
+        self.ms = ms
+
+    def run(self, prepared: Any) -> Any:
+        end = time.perf_counter_ns() + int(self.ms * 1e6)
+        while time.perf_counter_ns() < end:
+            pass
+        return super().run(prepared)
+
+
+def _timed_pair(child_ms: list[float], parent_ms: list[float]) -> tuple[Timed, Timed]:
+    inputs = [0, 1]
+    sides = []
+    for times in (child_ms, parent_ms):
+        sessions = [SpinSession(ms) for ms in times]
+        sides.append(Timed(sessions[0], inputs, twins=[(s, inputs) for s in sessions[1:]]))
+    return sides[0], sides[1]
+
+
+def test_one_slow_session_of_an_unchanged_artifact_is_not_a_verdict() -> None:
+    """Two sessions of one artifact differ (sub-ms ONNX Runtime sessions by 5-10% here). A pass that changed
+    nothing, whose own session happened to be the 20% slower kind, must read within noise; a real 2x must not."""
+    from optimizer.measure.instances import spread_over_run
+    from optimizer.measure.stats import instance_variance, speedup, widened
+
+    settings = BenchmarkSettings(warmup=1, rounds=12, iterations=4, settle_ms=0)
+    child, parent = _timed_pair([0.6], [0.5])  # one session a side (instances: 1): the slow one's speed is a verdict
+    measure(child, parent, settings)
+    assert speedup(parent.rounds, child.rounds).verdict == "slower"
+    child, parent = _timed_pair([0.6, 0.5], [0.5, 0.5])  # identical artifact; one child session is slower
+    measure(child, parent, settings)
+    assert child.instance_rounds.count(0) == 6 and parent.instance_rounds.count(0) == 6  # even use, both sides
+    raw = speedup(parent.rounds, child.rounds)
+    spread = instance_variance(parent.rounds, child.rounds, parent.instance_rounds, child.instance_rounds)
+    # (log 1.2)^2 / 2 = 0.017 for the child side, ~0 for the parent's: ~0.008 over both, from 2 contrasts
+    assert spread is not None and 0.002 < spread.variance < 0.05 and spread.df == 2, spread
+    assert spread.factor == pytest.approx(1.0)  # each side's two sessions ran 6 rounds each: 1/2 + 1/2
+    # The run pools the readings of stages sharing a scenario and runtimes: here with one that saw no spread.
+    stages = [_stage(0, "source", None, None, 1.0), _stage(1, "slow_one", "source", None, 1.0),
+              _stage(2, "other", "source", None, 1.0)]
+    for st, vs, var in ((stages[1], raw.to_json(), spread.variance),
+                        (stages[2], {"ratio": 2.0, "low": 1.9, "high": 2.1, "verdict": "faster"}, -0.001)):
+        st["metrics"]["scenarios"]["b1"].update(vs_parent=vs, instance_variance=var, instance_df=2, instance_factor=1.0)
+    report = report_of(stages)
+    spread_over_run(report.stages, 0.95)
+    judged = report.stages[1].metrics.scenarios["b1"].vs_parent  # type: ignore[union-attr]
+    assert judged is not None and judged.verdict == "within noise", (raw, judged)
+    assert judged.instance_sd == pytest.approx(math.sqrt((spread.variance - 0.001) / 2))
+    assert (judged.in_run_low, judged.in_run_high) == (raw.low, raw.high)
+    assert report.stages[2].metrics.scenarios["b1"].vs_parent.verdict == "faster"  # type: ignore[union-attr]
+
+    child, parent = _timed_pair([0.25, 0.25], [0.5, 0.5])  # a real 2x, identical instances
+    measure(child, parent, settings)
+    raw = speedup(parent.rounds, child.rounds)
+    spread = instance_variance(parent.rounds, child.rounds, parent.instance_rounds, child.instance_rounds)
+    assert spread is not None and spread.variance < 0.002, spread
+    assert widened(raw.ratio, raw.low, raw.high, spread.variance, spread.factor, 2)[2] == "faster"
+
+
+def test_twin_sessions_in_a_compile_and_a_stage_whose_twin_cannot_load(tmp_path: Path, monkeypatch: Any) -> None:
+    """A compile runs two sessions a side: metrics.json keeps each stage's in-run interval and its reading of the
+    spread; the report widens the interval. A twin that cannot load (a GPU with room for one engine a side) leaves
+    the stage timed with one session a side and says why."""
+    import json
+
+    import optimizer.measure.forward as forward
+    from optimizer.report.build import build_report
+
+    real = forward.runner_for
+    loads: dict[str, int] = {}
+
+    class Refusing:
+        def __init__(self, runner: Any, path: str) -> None:
+            self.runner, self.path = runner, path
+
+        def load(self) -> Any:
+            loads[self.path] = loads.get(self.path, 0) + 1
+            if self.path.endswith("02-ort_session") and loads[self.path] == 2:
+                raise MemoryError("out of memory")
+            return self.runner.load()
+
+    def runner_for(artifact: Artifact, recipe: Any) -> Any:
+        return Refusing(real(artifact, recipe), str(artifact.path.parent) if artifact.path else "torch")
+
+    monkeypatch.setattr(forward, "runner_for", runner_for)
+    bench = {**FAST_BENCH, "rounds": 8}
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(benchmark=bench)))
+    records = Pipeline(recipe, tmp_path / "run", use_cache=False).execute()
+    export, ort = records[1].metrics, records[2].metrics
+    assert export is not None and ort is not None
+    saved = json.loads((tmp_path / "run" / records[1].folder / "metrics.json").read_text())["metrics"]
+    for scen in ("b1", "b8"):
+        entry = saved["scenarios"][scen]
+        assert entry["instance_df"] == 2 and "in_run_low" not in entry["vs_parent"]
+        assert "instance_variance" not in ort["scenarios"][scen]
+    assert ort["instance_note"].startswith("benchmark.instances: 1 more session(s) a side could not load (out of")
+    report = build_report(recipe, records, tmp_path / "run", 1.0)
+    vs = report.stages[1].metrics.scenarios["b1"].vs_parent  # type: ignore[union-attr]
+    assert vs is not None and vs.in_run_low == saved["scenarios"]["b1"]["vs_parent"]["low"]
+    assert vs.low <= vs.in_run_low and vs.instance_sd is not None
+
+
+def test_pass_timings_run_two_sessions_of_each_artifact(tmp_path: Path) -> None:
+    """ctx.time (the hybrid searches keep a variant only when it is faster) runs `benchmark.instances` sessions of
+    each artifact and widens its interval by the spread it read between them."""
+    from optimizer.core.pass_base import PassContext
+    from optimizer.measure.services import MeasureServices
+
+    sensitive_chain(tmp_path / "chain.onnx", layers=2, width=64)
+    data = onnx_recipe("chain.onnx", 64, [{"name": "b1", "batch": 1}], [{"type": "ort_session"}],
+                       benchmark={**FAST_BENCH, "rounds": 8})
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    opened: list[str] = []
+
+    class Counting(MeasureServices):
+        def session(self, artifact: Artifact, ctx: Any, device: str = "cpu") -> Any:
+            opened.append(str(artifact.path))
+            return super().session(artifact, ctx, device)
+
+    ctx = PassContext(recipe, "t", tmp_path, None, Counting())  # type: ignore[arg-type]
+    art = Artifact("onnx", tmp_path / "chain.onnx", {})
+    result = ctx.time(art, art, [{"x": np.ones((1, 64), np.float32)}])
+    assert len(opened) == 4  # two sessions a side
+    assert result["low"] <= result["in_run_low"] and result["high"] >= result["in_run_high"]

@@ -59,12 +59,16 @@ class Throughput(Facts):
 
 
 class Speedup(Facts):
-    """Parent P50 / stage P50 from the interleaved session, with its 95% bootstrap interval over rounds."""
+    """Parent P50 / stage P50 from the interleaved session, with its 95% bootstrap interval over rounds, widened by
+    the spread between sessions of one artifact when each side ran several (measure.instances)."""
 
     ratio: float  # > 1: the stage is faster than its input
     low: float
     high: float
     verdict: Literal["faster", "slower", "within noise"]
+    in_run_low: float | None = None  # the interval over rounds alone, for these sessions
+    in_run_high: float | None = None
+    instance_sd: float | None = None  # log sd of one session's own speed (pooled over the run), in low-high
 
 
 class InputsMix(Facts):
@@ -147,6 +151,11 @@ class ScenarioMetrics(Facts):
     samples_ms: list[float] | None = None  # every timed call, kept for diff's between-run bootstrap
     parent_latency: Latency | None = None  # the input's calls in the same interleaved session
     vs_parent: Speedup | None = None
+    # The spread between sessions of one artifact as this stage's rounds read it (measure.stats.InstanceSpread:
+    # log variance, unclipped; its contrasts; the share the ratio carries); the run pools it (measure.instances)
+    instance_variance: float | None = None
+    instance_df: int | None = None
+    instance_factor: float | None = None
     gpu_latency: Latency | None = None  # CUDA stages: device time apart from host latency
     transfers: Transfers | None = None
     nvml: NvmlSummary | None = None
@@ -252,6 +261,7 @@ class StageMetrics(Facts):
     prefill_kernel_time_ms: dict[str, float] = {}
     nodes_executed: int | None = None  # kernels ORT ran per call, after its own fusions
     nonfinite_reference: int | None = None  # stage 0 only: NaN/inf in the reference outputs
+    instance_note: str | None = None  # why the stage ran one session a side though benchmark.instances asked more
     graph: GraphFacts | None = None  # the graph as saved ({} for the PyTorch source)
     size_bytes: int | None = None  # bytes on disk (parameter bytes for the PyTorch source)
     timed_windows: list[TimedWindow] | None = None  # when and where this measurement held the bench slot

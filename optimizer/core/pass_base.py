@@ -105,7 +105,8 @@ class PassContext:
 
     def time(self, candidate: Any, reference: Any, feeds: Sequence[Feed] | None = None) -> dict[str, Any]:
         """Candidate timed interleaved with reference by the harness (the recipe's benchmark settings): speedup
-        with its interval and verdict, both P50s. Artifacts, or open sessions."""
+        with its interval and verdict, both P50s. Artifacts (`benchmark.instances` sessions each, the interval
+        widened by the spread between them), or open sessions (one each)."""
         return self.services.time(candidate, reference, self, feeds)
 
     def session(self, artifact: Artifact, device: str = "cpu") -> AbstractContextManager[Session]:

@@ -19,6 +19,7 @@ from optimizer.core.errors import OptimizerError
 from optimizer.core.stage import StageRecord
 from optimizer.measure.best import choose_stage
 from optimizer.measure.harness import time_calls, warm_up
+from optimizer.measure.instances import stage_reports
 from optimizer.measure.stats import LatencyStats
 from optimizer.recipe.schema import Recipe, Scenario
 from optimizer.runtime.inputs import build_feeds
@@ -30,7 +31,8 @@ def pick_stage(recipe: Recipe, records: list[StageRecord]) -> StageRecord | None
     the one rule), or None."""
     name = recipe.batch_sweep.stage if recipe.batch_sweep else "best"
     try:
-        chosen = choose_stage([r.to_report() for r in records], [s.name for s in recipe.scenarios], name)
+        stages = stage_reports(records, recipe.benchmark.confidence)  # as the report reads them
+        chosen = choose_stage(stages, [s.name for s in recipe.scenarios], name)
     except OptimizerError:
         return None
     return next(r for r in records if r.name == chosen.name)

@@ -33,18 +33,18 @@ from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.harness import Timed, measure, warm_up_all
 from optimizer.measure.machine import LoadSampler
 from optimizer.measure.profiles import OpProfile, cuda_kernel_times, ort_op_profile, scenario_profile, torch_profile
-from optimizer.measure.stats import LatencyStats, median_ci_halfwidth, speedup
+from optimizer.measure.stats import LatencyStats, instance_variance, median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.gpu.nvml import NvmlSampler
-from optimizer.runtime.inputs import FeedSet
+from optimizer.runtime.inputs import Feed, FeedSet
 from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 15  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle;
+MEASURE_VERSION = 16  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle;
 # 12: op-type profiles of PyTorch stages and of the prefill, kernel time per name on CUDA; 13, 14: every scenario
 # profiled, with ORT's slowest nodes by name; 15: generation stages profiled per scenario, TPOT ratio
-# interleaved
+# interleaved; 16: twin sessions a side, the ratio's interval includes the instance spread
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -149,6 +149,37 @@ def _op_profiles(
     return out
 
 
+def _load_twins(
+    stack: ExitStack, artifact: Artifact, parent: Artifact | None, recipe: Recipe
+) -> tuple[list[Session], list[Session], str | None]:
+    """`benchmark.instances - 1` more sessions of the stage and of its parent (none without a parent), or none and
+    why when they cannot load (memory: a GPU that holds one engine a side may not hold two)."""
+    copies = recipe.benchmark.instances - 1
+    if parent is None or copies < 1:
+        return [], [], None
+    twins = ExitStack()
+    try:
+        child = [twins.enter_context(runner_for(artifact, recipe).load()) for _ in range(copies)]
+        parents = [twins.enter_context(runner_for(parent, recipe).load()) for _ in range(copies)]
+    except Exception as e:  # out of memory, of any library: the stage is still timed, one session a side
+        twins.close()
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return [], [], (f"benchmark.instances: {copies} more session(s) a side could not load ({first}); timed with "
+                        "one session a side, so the intervals leave out the spread between sessions")
+    stack.enter_context(twins)
+    return child, parents, None
+
+
+def _twins(sessions: list[Session], samples: list[Feed], warmup: int) -> list[tuple[Session, list[Any]]]:
+    """Each twin session with its own prepared inputs, warmed like the first instance."""
+    out = []
+    for twin in sessions:
+        inputs = [twin.prepare(f) for f in samples]
+        warm_up_all(twin, inputs, warmup)
+        out.append((twin, inputs))
+    return out
+
+
 def measure_stage(
     artifact: Artifact,
     parent: Artifact | None,
@@ -186,6 +217,14 @@ def measure_stage(
         within, why = recipe_verdict(accuracy, recipe)
 
         parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
+        # Twins: more sessions of the stage and of its parent, timed in turn (measure.harness), loaded after the
+        # memory reading so that it stays one session's, and prepared and warmed before the bench slot.
+        child_twins, parent_twins, twin_note = _load_twins(stack, artifact, parent, recipe)
+        twin_inputs = {
+            sf.scenario.name: (_twins(child_twins, sf.samples, settings.warmup),
+                               _twins(parent_twins, sf.samples, settings.warmup))
+            for sf in feeds
+        }
         timing = stack.enter_context(ExitStack())  # closed after the timing loop (or by the outer stack on errors)
         timing.enter_context(bench_slot(f"{label} timing"))
         load = stack.enter_context(LoadSampler())
@@ -194,10 +233,12 @@ def measure_stage(
         done = 0
         for sf in feeds:
             name = sf.scenario.name
-            child = Timed(session, prepared[name])
+            child = Timed(session, prepared[name], twins=twin_inputs[name][0])
             other = None
             if parent_session is not None:
-                other = Timed(parent_session, [parent_session.prepare(f) for f in sf.samples])
+                other = Timed(
+                    parent_session, [parent_session.prepare(f) for f in sf.samples], twins=twin_inputs[name][1]
+                )
                 warm_up_all(parent_session, other.inputs, settings.warmup)
 
             def tick(r: int, base: int = done, label: str = name) -> None:
@@ -231,6 +272,10 @@ def measure_stage(
                 entry.parent_latency = latency_of(other.samples())
                 vs = speedup(other.rounds, child.rounds, settings.confidence)
                 entry.vs_parent = Speedup.model_validate(vs.to_json())
+                spread = instance_variance(other.rounds, child.rounds, other.instance_rounds, child.instance_rounds)
+                if spread is not None:  # the interval is widened by the run's pooled spread (measure.instances)
+                    entry.instance_variance, entry.instance_df = spread.variance, spread.df
+                    entry.instance_factor = spread.factor
             scenarios[name] = entry
         load.__exit__(None, None, None)
         timing.close()
@@ -258,5 +303,6 @@ def measure_stage(
             # other processes' CPU, steal, load average while this stage was timed
             machine_load=MachineLoad.model_validate(load.result) if load.result else None,
             nonfinite_reference=nonfinite_reference,  # stage 0 only: NaN/inf in the reference outputs
+            **({"instance_note": twin_note} if twin_note else {}),
         )
     return metrics.to_json(), new_reference

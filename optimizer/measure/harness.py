@@ -12,6 +12,13 @@ harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
 A scenario's inputs are run in turn, not only its first: call i of a round runs input (offset + i) mod n, and
 the parent and the child run the same inputs in the same round, so a natural-length mix is timed as served and
 the interleaved ratio still compares like with like.
+
+Two sessions of one artifact are not equally fast: identical ONNX Runtime sessions of a sub-millisecond model
+differed by 5-10% here, consistently over 40 rounds (paired 95% interval 0.85-0.98; 1% for 17 ms MiniLM
+calls), a property of the instance (where its weights and arena landed), not of the pass. One instance per side
+would put that into the pass's ratio with a narrow interval, so each side can carry twins (more instances of the
+same artifact), taken in turn by pairs of rounds (both orders each; `instance_for`), and `stats.instance_variance`
+reads the instance spread off the rounds.
 """
 
 from __future__ import annotations
@@ -36,12 +43,23 @@ class Timed:
     rounds: list[list[float]] = field(default_factory=list)
     device_rounds: list[list[float]] = field(default_factory=list)  # GPU time per call (CUDA events)
     input_rounds: list[list[int]] = field(default_factory=list)  # which input each timed call ran
+    # More instances of the same artifact, each with its own prepared inputs, taken in turn by round
+    twins: list[tuple[Session, list[Any]]] = field(default_factory=list)
+    instance_rounds: list[int] = field(default_factory=list)  # which instance ran each round (0: `session`)
+
+    @property
+    def instances(self) -> int:
+        return 1 + len(self.twins)
+
+    def instance(self, k: int) -> tuple[Session, list[Any]]:
+        return (self.session, self.inputs) if k == 0 else self.twins[k - 1]
 
     def samples(self) -> list[float]:
         return [x for r in self.rounds for x in r]
 
-    def sequence(self, offset: int, n: int) -> list[Any]:
-        return [self.inputs[(offset + i) % len(self.inputs)] for i in range(n)]
+    def sequence(self, offset: int, n: int, inputs: list[Any] | None = None) -> list[Any]:
+        inputs = self.inputs if inputs is None else inputs
+        return [inputs[(offset + i) % len(inputs)] for i in range(n)]
 
 
 def time_calls(session: Session, prepared: Any, n: int) -> list[float]:
@@ -107,6 +125,14 @@ def iterations_for(settings: BenchmarkSettings, estimate_ms: float) -> int:
     return max(settings.iterations, math.ceil(settings.min_round_seconds * 1000 / estimate_ms))
 
 
+def instance_for(r: int, is_child: bool, child_instances: int, instances: int) -> int:
+    """Which instance a side runs in round r. Pairs of rounds (both orders) keep one pairing; the child steps
+    through its instances pair by pair, the parent one step further every kc pairs, so each side uses its
+    instances evenly every 2k rounds and every pairing occurs within 2 x kc x kp rounds."""
+    pair = r // 2
+    return (pair if is_child else pair + pair // child_instances) % instances
+
+
 def measure(
     child: Timed,
     parent: Timed | None,
@@ -117,24 +143,27 @@ def measure(
     sides = [s for s in (parent, child) if s is not None]
     if parent is not None and len(parent.inputs) != len(child.inputs):
         raise ValueError(f"parent has {len(parent.inputs)} inputs, the child {len(child.inputs)}: they must match")
-    estimate = max(warm_up_all(s.session, s.inputs, 1) for s in sides)
+    estimate = max(warm_up_all(*s.instance(k), 1) for s in sides for k in range(s.instances))
     n = iterations_for(settings, estimate)
     r = 0
     while _more_rounds(child, settings, r):
         order = sides if r % 2 == 0 else sides[::-1]
         offset = (r * n) % len(child.inputs)
         for side in order:
-            inputs = side.sequence(offset, n)
+            k = instance_for(r, side is child, child.instances, side.instances)
+            session, side_inputs = side.instance(k)
+            inputs = side.sequence(offset, n, side_inputs)
             if parent is not None:  # settle the switch: the other session's threads stop spinning, caches refill
                 time.sleep(settings.settle_ms / 1000)
-                side.session.run(inputs[0])
-            if getattr(side.session, "device_time", False):
-                host, device = time_sequence_device(side.session, inputs)
+                session.run(inputs[0])
+            if getattr(session, "device_time", False):
+                host, device = time_sequence_device(session, inputs)
                 side.rounds.append(host)
                 side.device_rounds.append(device)
             else:
-                side.rounds.append(time_sequence(side.session, inputs))
+                side.rounds.append(time_sequence(session, inputs))
             side.input_rounds.append([(offset + i) % len(side.inputs) for i in range(n)])
+            side.instance_rounds.append(k)
         r += 1
         if on_round:
             on_round(r)

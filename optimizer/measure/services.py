@@ -15,7 +15,7 @@ from optimizer.core.pass_base import Check, Feed, PassContext
 from optimizer.measure.accuracy import AccuracyMeter, generation_agreement, mask_of
 from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.harness import Timed, measure
-from optimizer.measure.stats import LatencyStats, speedup
+from optimizer.measure.stats import LatencyStats, instance_variance, speedup, widened
 from optimizer.runtime.generation import Generation
 from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
@@ -76,17 +76,34 @@ class MeasureServices:
     def time(self, candidate: Any, reference: Any, ctx: PassContext, feeds: Sequence[Feed] | None) -> dict[str, Any]:
         settings = ctx.recipe.benchmark
         inputs = list(feeds) if feeds is not None else next(iter(ctx.feeds)).samples
-        with self._open(reference, ctx) as parent_session, self._open(candidate, ctx) as child_session:
-            parent = Timed(parent_session, [parent_session.prepare(f) for f in inputs])
-            child = Timed(child_session, [child_session.prepare(f) for f in inputs])
+        with ExitStack() as stack:
+            sides = []
+            for source in (reference, candidate):
+                # More sessions a side when it is an artifact (measure.harness: sessions of one artifact differ)
+                copies = settings.instances if isinstance(source, Artifact) else 1
+                sessions = [stack.enter_context(self._open(source, ctx)) for _ in range(copies)]
+                prepared = [(x, [x.prepare(f) for f in inputs]) for x in sessions]
+                sides.append(Timed(*prepared[0], twins=prepared[1:]))
+            parent, child = sides
             with bench_slot(f"{ctx.stage_name} hybrid timing"):  # sessions load outside it: that is build work
                 measure(child, parent, settings)
         s = speedup(parent.rounds, child.rounds, settings.confidence)
+        low, high, verdict = s.low, s.high, s.verdict
+        spread = (
+            instance_variance(parent.rounds, child.rounds, parent.instance_rounds, child.instance_rounds)
+            if parent.twins or child.twins
+            else None
+        )
+        if spread is not None:  # this comparison's own reading, with its few contrasts (Student's t)
+            low, high, verdict = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df,
+                                         settings.confidence)
         return {
             "speedup": s.ratio,
-            "low": s.low,
-            "high": s.high,
-            "verdict": s.verdict,
+            "low": low,
+            "high": high,
+            "verdict": verdict,
+            "in_run_low": s.low,
+            "in_run_high": s.high,
             "p50_ms": LatencyStats.of(child.samples()).p50_ms,
             "input_p50_ms": LatencyStats.of(parent.samples()).p50_ms,
             "rounds": len(child.rounds),

@@ -2,7 +2,10 @@
 
 A speedup is parent_median / child_median. Its confidence interval comes from a bootstrap over rounds:
 rounds alternate parent and child, so drift of the machine (thermal, other load) hits both sides of a round
-alike and the per-round ratios carry it out. The change is called real only when the interval excludes 1.
+alike and the per-round ratios carry it out. That interval is about these two sessions; two sessions of one
+artifact differ too (measure.harness), so when each side ran several sessions the run widens the interval by
+the spread between them (`instance_variance`, `widened`, pooled by measure.instances). The change is called
+real only when the interval excludes 1.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from scipy.special import stdtrit  # Student's t quantile (scipy.stats itself takes a second to import)
 
 from optimizer.core.metrics import Latency
 
@@ -103,6 +107,69 @@ def speedup(
     low, high = min(low, ratio), max(high, ratio)
     verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
     return Speedup(ratio, low, high, verdict)
+
+
+@dataclass(frozen=True)
+class InstanceSpread:
+    """One stage's reading of the spread between sessions of an artifact, for one scenario."""
+
+    variance: float  # log scale, method of moments: unclipped (may be < 0), so that pooling stays unbiased
+    df: int  # contrasts it rests on: (instances - 1) per side that ran more than one
+    factor: float  # how much of it the ratio carries: sum of squared instance shares, parent's plus child's
+
+
+def _shares(labels: list[int]) -> float:
+    counts = np.bincount(labels)
+    return float(np.sum((counts / counts.sum()) ** 2))
+
+
+def instance_variance(
+    parent_rounds: list[list[float]],
+    child_rounds: list[list[float]],
+    parent_instances: list[int],
+    child_instances: list[int],
+) -> InstanceSpread | None:
+    """The variance (log scale) of one session's own effect on its speed, from interleaved rounds in which each
+    side took several sessions of its artifact in turn; None when no side ran two sessions with rounds to spare.
+    Method of moments on the per-round log ratios (the order effect of odd and even rounds taken out first): the
+    spread of each side's per-session means, less what the within-cell round noise puts there, over the sides
+    (both run on one runtime)."""
+    ratios = np.log([np.median(p) / np.median(c) for p, c in zip(parent_rounds, child_rounds, strict=True)])
+    order = np.arange(len(ratios)) % 2
+    for o in (0, 1):  # who ran first after the other's footprint is not a session's property
+        if np.any(order == o):
+            ratios[order == o] -= ratios[order == o].mean() - ratios.mean()
+    cells: dict[tuple[int, int], list[float]] = {}
+    for value, pk, ck in zip(ratios, parent_instances, child_instances, strict=True):
+        cells.setdefault((pk, ck), []).append(float(value))
+    dof = sum(len(v) - 1 for v in cells.values()) - 1  # one more for the order means
+    if dof < 1:
+        return None
+    noise = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in cells.values()) / dof
+    estimates, df = [], 0
+    for labels in (child_instances, parent_instances):
+        groups: dict[int, list[float]] = {}
+        for value, k in zip(ratios, labels, strict=True):
+            groups.setdefault(k, []).append(float(value))
+        if len(groups) < 2:
+            continue
+        means = [float(np.mean(v)) for v in groups.values()]
+        expected_noise = noise * float(np.mean([1 / len(v) for v in groups.values()]))
+        estimates.append(float(np.var(means, ddof=1)) - expected_noise)
+        df += len(groups) - 1
+    if not estimates:
+        return None
+    return InstanceSpread(float(np.mean(estimates)), df, _shares(parent_instances) + _shares(child_instances))
+
+
+def widened(ratio: float, low: float, high: float, variance: float, factor: float, df: int,
+            confidence: float = 0.95) -> tuple[float, float, str]:
+    """(low, high, verdict) of a ratio whose in-run interval is low-high, widened by the instance spread: the
+    ratio carries factor x `variance` (log) that no round shows, known from `df` contrasts (Student's t)."""
+    extra = float(stdtrit(max(df, 1), (1 + confidence) / 2)) * math.sqrt(max(variance, 0.0) * factor)
+    low = ratio * math.exp(-math.hypot(math.log(ratio / low), extra))
+    high = ratio * math.exp(math.hypot(math.log(high / ratio), extra))
+    return low, high, "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
 
 
 def median_ci_halfwidth(samples: list[float] | np.ndarray) -> float:

@@ -170,6 +170,15 @@ class BenchmarkSettings(Strict):
         "calls), up to max_rounds; without it a P99 from fewer calls is reported as not resolved",
     )
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    instances: int = Field(
+        default=2,
+        ge=1,
+        le=4,
+        description="sessions of each artifact timed in turn when a stage is timed against its parent: identical "
+        "sessions differ in speed (5-10% for sub-millisecond ONNX Runtime calls here), and the ratio's interval "
+        "includes that spread only when it was measured (1: one session a side, as before; costs load time and "
+        "memory, not timing)",
+    )
     settle_ms: float = Field(
         default=50.0,
         ge=0,

@@ -17,6 +17,7 @@ from optimizer.core.metrics import BatchSweep, CudaKernels, ScenarioMetrics, Sta
 from optimizer.core.stage import StageRecord, StageReport
 from optimizer.engine.rundir import read_json, write_json, write_text
 from optimizer.measure.best import best_stage
+from optimizer.measure.instances import stage_reports
 from optimizer.measure.machine import busy_sentence, busy_summary, window_busy
 from optimizer.recipe.schema import Recipe, recipe_dict, recipe_metric
 from optimizer.report.explain import main_parts
@@ -115,7 +116,7 @@ def build_report(
 ) -> RunReport:
     """The run report. `in_progress`: written after a stage while the run goes on; its outcome is "incomplete"
     and the stages not reached are "pending", so a run killed outright (kill -9) never reads as ok."""
-    stages = [rec.to_report() for rec in records]
+    stages = stage_reports(records, recipe.benchmark.confidence)  # intervals with the spread between sessions
     chained, chained_throughput = chained_speedups(stages), chained_speedups(stages, _mean_ratio)
     for st in stages:
         st.vs_source = chained.get(st.name, {})
@@ -265,6 +266,25 @@ def _launch_findings(st: StageReport, parent: StageReport | None, label: str) ->
     return out
 
 
+def instance_line(report: RunReport) -> list[str]:
+    """The legend's line on the spread between sessions of one artifact, when the stages measured it."""
+    spreads = {
+        scen: vs.instance_sd
+        for st in report.stages
+        if st.metrics is not None
+        for scen, m in st.metrics.scenarios.items()
+        if (vs := m.vs_parent) is not None and vs.instance_sd is not None
+    }
+    if not spreads:
+        return []
+    scen = max(spreads, key=lambda k: spreads[k])
+    return [
+        f"- each side of a ratio ran {report.settings.benchmark.get('instances')} sessions of its artifact in turn: "
+        f"sessions of one artifact differed in speed by up to {spreads[scen]:.1%} (sd, pooled over the stages, on "
+        f"{scen}), and the intervals include that spread."
+    ]
+
+
 def to_markdown(report: RunReport) -> str:
     r = report
     lines = [
@@ -275,6 +295,7 @@ def to_markdown(report: RunReport) -> str:
         f"- packages: {', '.join(f'{k} {v}' for k, v in r.environment.packages.items())}",
         f"- benchmark: {r.settings.benchmark}",
         "- `~1.01x`: within noise (the confidence interval of the interleaved ratio includes 1.0).",
+        *instance_line(r),
         "",
     ]
     for scen in r.scenarios:

@@ -11,13 +11,16 @@ move is estimated from the runs themselves: a robust scale (1.4826 x the median 
 passes' ratio changes, leaving the judged pass out, added to its interval. A pass timed against stage 0 (PyTorch
 against ONNX Runtime) also carries stage 0's own between-run change, so its interval is widened by that change
 (the control's). A real slowdown of one pass stands out from the others; a machine that moved every ratio widens
-all. Changes under MIN_EFFECT are never called. Stage 0, the control, is shown with its raw P50 change (a
-bootstrap of each side's samples) and is not judged: two runs cannot separate its own change from the machine's.
+all. The intervals hold for all judged rows together (Bonferroni: with eight rows each is a 99.4% interval), so
+an A/A diff flags nothing 95% of the time, not 95% of its rows. Changes under MIN_EFFECT are never called.
+Stage 0, the control, is shown with its raw P50 change (a bootstrap of each side's samples) and is not judged:
+two runs cannot separate its own change from the machine's.
 """
 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,13 @@ MIN_EFFECT = 0.02  # between-run differences smaller than this are within noise,
 # The between-run move of a ratio is never taken below this (log): with few passes the estimate is poor, and on
 # the test machine identical code moved pass ratios 5-30% between runs (scripts/aa_diff.py).
 MIN_BETWEEN_RUNS = 0.03
-Z95 = 1.96
+Z95 = 1.96  # the in-run intervals stored in the reports are 95% each
+
+
+def simultaneous_z(rows: int) -> float:
+    """Normal quantile that makes `rows` two-sided 95% intervals hold together (Bonferroni): a diff judges every
+    pass on every scenario, and at 95% each one A/A diff of eight rows in three would flag a change."""
+    return NormalDist().inv_cdf(1 - 0.025 / max(rows, 1))
 
 
 OP_ROWS = 6  # op types listed per stage in `op_changes`
@@ -53,7 +62,9 @@ def _link(e: ScenarioMetrics) -> tuple[float, float] | None:
     vs = e.vs_parent
     if vs is None or not vs.ratio:
         return None
-    return math.log(vs.ratio), (math.log(max(vs.high, 1e-12)) - math.log(max(vs.low, 1e-12))) / (2 * Z95)
+    # The in-run interval: the spread between sessions is part of the between-run move the diff estimates itself
+    low, high = vs.in_run_low or vs.low, vs.in_run_high or vs.high
+    return math.log(vs.ratio), (math.log(max(high, 1e-12)) - math.log(max(low, 1e-12))) / (2 * Z95)
 
 
 def _between_runs(changes: dict[tuple[str, str], float], stage: str, direct: set[str]) -> float:
@@ -67,22 +78,25 @@ def _between_runs(changes: dict[tuple[str, str], float], stage: str, direct: set
     return max(1.4826 * float(np.median(pool)) if pool else 0.0, MIN_BETWEEN_RUNS)
 
 
-def _verdict(a: ScenarioMetrics, b: ScenarioMetrics, seed: int = 0) -> tuple[float, float, str]:
-    """(low, high) of the A/B ratio's 95% interval, and whether B is faster, slower or within noise."""
+def _verdict(a: ScenarioMetrics, b: ScenarioMetrics, z: float = Z95, seed: int = 0) -> tuple[float, float, str]:
+    """(low, high) of the A/B ratio's interval (z: its normal quantile), and whether B is faster, slower or within
+    noise."""
     sa, sb = a.samples_ms, b.samples_ms
     if sa and sb:
         rng = np.random.default_rng(seed)
         xa, xb = np.asarray(sa), np.asarray(sb)
-        ra = np.median(xa[rng.integers(0, len(xa), (1000, len(xa)))], axis=1)
-        rb = np.median(xb[rng.integers(0, len(xb), (1000, len(xb)))], axis=1)
-        low, high = (float(v) for v in np.quantile(ra / rb, [0.025, 0.975]))
+        tail = 1 - NormalDist().cdf(z)
+        n = max(1000, math.ceil(20 / tail))  # some resamples beyond a Bonferroni tail
+        ra = np.median(xa[rng.integers(0, len(xa), (n, len(xa)))], axis=1)
+        rb = np.median(xb[rng.integers(0, len(xb), (n, len(xb)))], axis=1)
+        low, high = (float(v) for v in np.quantile(ra / rb, [tail, 1 - tail]))
     else:
         la, lb = a.latency, b.latency
         se_a = 1.2533 * la.std_ms / math.sqrt(max(la.n, 1))
         se_b = 1.2533 * lb.std_ms / math.sqrt(max(lb.n, 1))
         ratio = la.p50_ms / lb.p50_ms
         rel = math.sqrt((se_a / la.p50_ms) ** 2 + (se_b / lb.p50_ms) ** 2)
-        low, high = ratio * (1 - 1.96 * rel), ratio * (1 + 1.96 * rel)
+        low, high = ratio * (1 - z * rel), ratio * (1 + z * rel)
     verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
     return low, high, verdict
 
@@ -128,6 +142,9 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
             control[scen] = abs(math.log(eb.latency.p50_ms / ea.latency.p50_ms))
     # Passes timed against stage 0 itself: their ratio moves with stage 0's own between-run change.
     direct = {n for n in names if source and (up := sb[n].parent) and sb[up].measured_against == source}
+    # Every row that gets a faster/slower verdict (all but stage 0): their intervals hold together.
+    judged_rows = sum(1 for scen in scenarios for n in names if sb[n].index > 0 and all(entries(n, scen)))
+    z = simultaneous_z(judged_rows)
     rows = []
     for scen in scenarios:
         for name in names:
@@ -145,13 +162,13 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
                     mu, sigma = links[(name, scen)]
                     tau = _between_runs({k: v[0] for k, v in links.items()}, name, direct)
                     widen = control.get(scen, 0.0) if name in direct else 0.0
-                    half = Z95 * math.sqrt(sigma**2 + tau**2) + widen
+                    half = z * math.sqrt(sigma**2 + tau**2) + widen
                     ratio, basis = math.exp(mu), "its own ratio vs its input (interleaved, both runs)"
                     low, high = math.exp(mu - half), math.exp(mu + half)
                     verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
                     row["between_runs"], row["control_widening"] = tau, widen
                 else:
-                    low, high, verdict = _verdict(ea, eb)
+                    low, high, verdict = _verdict(ea, eb, z)
                     ratio = raw
                     basis = "raw P50 (the control, not judged)" if sb[name].index == 0 else "raw P50"
                     if sb[name].index == 0:
@@ -202,6 +219,7 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
         "rows": rows,
         "machine_drift": machine_drift(a, b),
         "final_stage": final,
+        "judged_rows": judged_rows,  # the intervals hold for these together (simultaneous_z)
         "totals": totals,
         "op_changes": op_changes,
     }
@@ -270,9 +288,11 @@ def to_markdown(d: dict[str, Any]) -> str:
         f"**A**: `{d['a']['run_dir']}` ({d['a']['created']}) vs **B**: `{d['b']['run_dir']}` ({d['b']['created']})",
         "",
         "A/B > 1 means B is faster. Each pass is judged by its own interleaved ratio against its input, B over A, "
-        "so drift of the machine between the runs cancels; its 95% interval is widened by how much the other "
-        f"passes' ratios moved between the runs. Changes under {MIN_EFFECT:.0%} are within noise. Stage 0 is the "
-        "control: its raw P50 change is shown, not judged."
+        "so drift of the machine between the runs cancels; its interval is widened by how much the other "
+        "passes' ratios moved between the runs, and the intervals of the "
+        f"{d.get('judged_rows', 0)} judged rows hold together at 95% (Bonferroni). "
+        f"Changes under {MIN_EFFECT:.0%} are within noise. Stage 0 is the control: its raw P50 change is shown, "
+        "not judged."
         + (
             f" The fixed calibration workload ran {d['machine_drift']:+.1%} from A to B."
             if d.get("machine_drift") is not None
