@@ -669,3 +669,16 @@ def test_pass_timings_run_two_sessions_of_each_artifact(tmp_path: Path) -> None:
     result = ctx.time(art, art, [{"x": np.ones((1, 64), np.float32)}])
     assert len(opened) == 4  # two sessions a side
     assert result["low"] <= result["in_run_low"] and result["high"] >= result["in_run_high"]
+
+
+def test_the_legend_names_the_largest_spread_between_sessions() -> None:
+    from optimizer.report.build import instance_line
+
+    stages = [_stage(0, "source", None, None, 1.0), _stage(1, "a", "source", 1.5, 1.0), _stage(2, "b", "a", 1.5, 1.0)]
+    for st, sd in ((stages[1], 0.025), (stages[2], 0.0)):
+        st["metrics"]["scenarios"]["b1"]["vs_parent"]["instance_sd"] = sd
+    line = instance_line(report_of(stages, settings={"device": "cpu", "threads": 1, "benchmark": {"instances": 2},
+                                                     "accuracy": {"metric": "cosine"}}))
+    assert line and "up to 2.5%" in line[0] and "`a`" in line[0], line
+    stages[1]["metrics"]["scenarios"]["b1"]["vs_parent"]["instance_sd"] = 0.0
+    assert "no spread between sessions" in instance_line(report_of(stages))[0]

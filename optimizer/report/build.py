@@ -268,20 +268,24 @@ def _launch_findings(st: StageReport, parent: StageReport | None, label: str) ->
 
 def instance_line(report: RunReport) -> list[str]:
     """The legend's line on the spread between sessions of one artifact, when the stages measured it."""
-    spreads = {
-        scen: vs.instance_sd
+    spreads = [
+        (vs.instance_sd, scen, st.name)
         for st in report.stages
         if st.metrics is not None
         for scen, m in st.metrics.scenarios.items()
         if (vs := m.vs_parent) is not None and vs.instance_sd is not None
-    }
+    ]
     if not spreads:
         return []
-    scen = max(spreads, key=lambda k: spreads[k])
+    sd, scen, name = max(spreads)
+    n = report.settings.benchmark.get("instances")
+    if sd < 0.0005:
+        return [f"- each side of a ratio ran {n} sessions of its artifact in turn: no spread between sessions of one "
+                "artifact showed beyond the round noise, so the intervals are the in-run ones."]
     return [
-        f"- each side of a ratio ran {report.settings.benchmark.get('instances')} sessions of its artifact in turn: "
-        f"sessions of one artifact differed in speed by up to {spreads[scen]:.1%} (sd, pooled over the stages, on "
-        f"{scen}), and the intervals include that spread."
+        f"- each side of a ratio ran {n} sessions of its artifact in turn: sessions of one artifact differed in "
+        f"speed by up to {sd:.1%} (sd, pooled over the stages; on {scen}, e.g. `{name}`), and the intervals include "
+        "that spread."
     ]
 
 
