@@ -359,3 +359,19 @@ def test_static_kv_cache_declines_forward_recipes_and_onnx(tmp_path: Path) -> No
     generation = PassContext(parse_recipe(recipe_data([])), "static_kv_cache", tmp_path, None, MeasureServices())  # type: ignore[arg-type]
     assert p.skip_reason(Artifact("torch", None), generation) is None
     assert "takes torch artifacts, got onnx" in str(p.skip_reason(Artifact("onnx", Path("m.onnx")), generation))
+
+
+def test_generation_stages_run_two_loops_a_side_and_widen_both_ratios(tmp_path: Path) -> None:
+    """The task-time and TPOT ratios of a decoder stage read the spread between two generation loops a side."""
+    from optimizer.report.build import build_report
+
+    data = recipe_data([{"type": "export"}])
+    data["benchmark"] = {**data["benchmark"], "rounds": 4}
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = Pipeline(recipe, tmp_path / "out").execute()
+    m = records[1].metrics["scenarios"]["s"]
+    assert m["instance_df"] == 2 and m["tpot_instance_df"] == 2 and m["instance_factor"] == pytest.approx(1.0)
+    report = build_report(recipe, records, tmp_path / "out", 1.0)
+    sm = report.stages[1].metrics.scenarios["s"]  # type: ignore[union-attr]
+    assert sm.vs_parent is not None and sm.vs_parent.in_run_low == m["vs_parent"]["low"]
+    assert sm.tpot_vs_parent is not None and sm.tpot_vs_parent.in_run_low == m["tpot_vs_parent"]["low"]

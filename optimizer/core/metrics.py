@@ -156,6 +156,8 @@ class ScenarioMetrics(Facts):
     instance_variance: float | None = None
     instance_df: int | None = None
     instance_factor: float | None = None
+    tpot_instance_variance: float | None = None  # generation: the same reading for tpot_vs_parent
+    tpot_instance_df: int | None = None
     gpu_latency: Latency | None = None  # CUDA stages: device time apart from host latency
     transfers: Transfers | None = None
     nvml: NvmlSummary | None = None

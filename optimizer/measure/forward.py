@@ -30,7 +30,7 @@ from optimizer.core.metrics import (
 )
 from optimizer.measure.accuracy import AccuracyMeter, mask_of, recipe_verdict
 from optimizer.measure.bench_slot import bench_slot
-from optimizer.measure.harness import Timed, measure, warm_up_all
+from optimizer.measure.harness import Timed, instances_for, measure, warm_up_all
 from optimizer.measure.machine import LoadSampler
 from optimizer.measure.profiles import OpProfile, cuda_kernel_times, ort_op_profile, scenario_profile, torch_profile
 from optimizer.measure.stats import LatencyStats, instance_variance, median_ci_halfwidth, speedup
@@ -154,7 +154,7 @@ def _load_twins(
 ) -> tuple[list[Session], list[Session], str | None]:
     """`benchmark.instances - 1` more sessions of the stage and of its parent (none without a parent), or none and
     why when they cannot load (memory: a GPU that holds one engine a side may not hold two)."""
-    copies = recipe.benchmark.instances - 1
+    copies = instances_for(recipe.benchmark) - 1
     if parent is None or copies < 1:
         return [], [], None
     twins = ExitStack()

@@ -26,8 +26,9 @@ from optimizer.core.metrics import (
 from optimizer.measure.accuracy import generation_agreement as agreement
 from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.forward import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, latency_of, stage_memory
+from optimizer.measure.harness import instance_for, instances_for
 from optimizer.measure.profiles import generation_profile, scenario_profile
-from optimizer.measure.stats import median_ci_halfwidth, speedup
+from optimizer.measure.stats import instance_variance, median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.generation import Generation
 from optimizer.runtime.inputs import FeedSet
@@ -85,6 +86,18 @@ def measure_generation_stage(
 
     within, why = recipe_verdict(accuracy, recipe)
     parent_gen = generator_for(parent, recipe) if parent is not None else None
+    # Twins: more generators of the stage and of its parent, taken in turn by round (measure.harness)
+    child_gens, parent_gens, twin_note = [gen], [parent_gen] if parent_gen is not None else [], None
+    copies = instances_for(settings) - 1
+    if parent is not None and copies > 0:
+        try:
+            child_gens += [generator_for(artifact, recipe) for _ in range(copies)]
+            parent_gens += [generator_for(parent, recipe) for _ in range(copies)]
+        except Exception as e:  # out of memory, of any library: timed with one generator a side
+            child_gens, parent_gens = [gen], [parent_gen]
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            twin_note = (f"benchmark.instances: {copies} more session(s) a side could not load "
+                         f"({first}); timed with one a side, so the intervals leave out the spread between sessions")
     scenarios: dict[str, ScenarioMetrics] = {}
     total = len(recipe.scenarios) * settings.rounds
     done = 0
@@ -95,18 +108,24 @@ def measure_generation_stage(
         for sf in feeds:
             prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
             prompts = [f["input_ids"] for f in sf.samples]  # timed in turn, parent and child on the same prompt
-            sides = [("child", gen)] + ([("parent", parent_gen)] if parent_gen is not None else [])
-            for _, g in sides:  # at least once: a CUDA-graph stage captures its decode step on its first generation
-                for _ in range(max(1, min(settings.warmup, 2))):
-                    g.generate(prompt, new, keep_logits=False)
+            sides = [("child", child_gens)] + ([("parent", parent_gens)] if parent_gen is not None else [])
+            for _, gens in sides:  # at least once: a CUDA-graph stage captures its decode step on its first run
+                for g in gens:
+                    for _ in range(max(1, min(settings.warmup, 2))):
+                        g.generate(prompt, new, keep_logits=False)
             runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
+            used: dict[str, list[int]] = {name: [] for name, _ in sides}  # which generator ran each round
             r = 0
 
             while r < settings.rounds or _loose(runs["child"], r, settings):
-                for name, g in sides if r % 2 == 0 else sides[::-1]:
+                for name, gens in sides if r % 2 == 0 else sides[::-1]:
+                    k = instance_for(r, name == "child", len(child_gens), len(gens))
+                    used[name].append(k)
                     runs[name].append(
                         [
-                            g.generate(prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False)
+                            gens[k].generate(
+                                prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False
+                            )
                             for i in range(settings.iterations)
                         ]
                     )
@@ -138,11 +157,18 @@ def measure_generation_stage(
                 entry.parent_ttft = latency_of([g.ttft_ms for g in parent_runs])
                 entry.parent_tpot = latency_of([t for g in parent_runs for t in g.tpot_ms] or [0.0])
                 entry.vs_parent = Speedup.model_validate(speedup(p_rounds, c_rounds, settings.confidence).to_json())
+                spread = instance_variance(p_rounds, c_rounds, used["parent"], used["child"])
+                if spread is not None:  # widened by the run's pooled spread (measure.instances)
+                    entry.instance_variance, entry.instance_df = spread.variance, spread.df
+                    entry.instance_factor = spread.factor
                 # per round, each generation's median time per token: TPOT's own interleaved ratio and interval
                 tp = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in runs["parent"]]
                 tc = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in runs["child"]]
                 if all(tp) and all(tc):
                     entry.tpot_vs_parent = Speedup.model_validate(speedup(tp, tc, settings.confidence).to_json())
+                    spread = instance_variance(tp, tc, used["parent"], used["child"])
+                    if spread is not None:
+                        entry.tpot_instance_variance, entry.tpot_instance_df = spread.variance, spread.df
             if recipe.target.device == "cuda":  # per whole task (prefill + new_tokens - 1 decode steps)
                 from optimizer.runtime.gpu.kernels import profile_kernels
 
@@ -188,6 +214,7 @@ def measure_generation_stage(
         kernel_time_ms=prof.decode.kernels,  # CUDA: device ms per kernel name (CUPTI)
         prefill_kernel_time_ms=prof.prefill.kernels,
         nodes_executed=prof.decode.nodes,  # ONNX Runtime: node kernels per decode step
+        **({"instance_note": twin_note} if twin_note else {}),
     )
     return metrics.to_json(), new_reference  # StageMetrics' JSON, as measure_stage returns it
 

@@ -125,6 +125,12 @@ def iterations_for(settings: BenchmarkSettings, estimate_ms: float) -> int:
     return max(settings.iterations, math.ceil(settings.min_round_seconds * 1000 / estimate_ms))
 
 
+def instances_for(settings: BenchmarkSettings) -> int:
+    """Sessions a side: `benchmark.instances`, or 1 when there are too few rounds for a second to be timed in
+    both orders (instance_for changes sessions every two rounds)."""
+    return settings.instances if settings.rounds >= 4 else 1
+
+
 def instance_for(r: int, is_child: bool, child_instances: int, instances: int) -> int:
     """Which instance a side runs in round r. Pairs of rounds (both orders) keep one pairing; the child steps
     through its instances pair by pair, the parent one step further every kc pairs, so each side uses its

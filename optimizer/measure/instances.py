@@ -24,7 +24,13 @@ def _pool_key(stage: StageReport, by: dict[str, StageReport], scenario: str) -> 
     return scenario, parent_kind, stage.artifact.kind if stage.artifact is not None else "?"
 
 
-def pooled_spreads(stages: Sequence[StageReport]) -> dict[tuple[str, str, str], tuple[float, int]]:
+# (ratio field, its reading's variance field, its df field): the task time's ratio and a decoder's TPOT ratio
+RATIOS = (("vs_parent", "instance_variance", "instance_df"), ("tpot_vs_parent", "tpot_instance_variance",
+                                                                 "tpot_instance_df"))
+
+
+def pooled_spreads(stages: Sequence[StageReport], var_field: str = "instance_variance",
+                   df_field: str = "instance_df") -> dict[tuple[str, str, str], tuple[float, int]]:
     """(scenario, parent's artifact kind, stage's) -> (variance, contrasts): the df-weighted mean of the stages'
     unclipped readings, clipped at 0 once pooled."""
     by = {s.name: s for s in stages}
@@ -33,30 +39,32 @@ def pooled_spreads(stages: Sequence[StageReport]) -> dict[tuple[str, str, str], 
         if st.metrics is None:
             continue
         for scen, m in st.metrics.scenarios.items():
-            if m.instance_variance is not None and m.instance_df:
+            var, df = getattr(m, var_field), getattr(m, df_field)
+            if var is not None and df:
                 acc = sums.setdefault(_pool_key(st, by, scen), [0.0, 0])
-                acc[0] += m.instance_variance * m.instance_df
-                acc[1] += m.instance_df
+                acc[0] += var * df
+                acc[1] += df
     return {k: (max(total / df, 0.0), int(df)) for k, (total, df) in sums.items()}
 
 
 def spread_over_run(stages: Sequence[StageReport], confidence: float) -> None:
-    """Widen (in place) every vs_parent whose stage read the spread between sessions, by its pool's."""
-    pools = pooled_spreads(stages)
+    """Widen (in place) every ratio whose stage read the spread between sessions, by its pool's."""
     by = {s.name: s for s in stages}
-    for st in stages:
-        if st.metrics is None:
-            continue
-        for scen, m in st.metrics.scenarios.items():
-            vs = m.vs_parent
-            if vs is None or m.instance_factor is None or m.instance_variance is None:
+    for ratio_field, var_field, df_field in RATIOS:
+        pools = pooled_spreads(stages, var_field, df_field)
+        for st in stages:
+            if st.metrics is None:
                 continue
-            variance, df = pools[_pool_key(st, by, scen)]
-            low, high, verdict = widened(vs.ratio, vs.low, vs.high, variance, m.instance_factor, df, confidence)
-            m.vs_parent = vs.model_copy(update={
-                "low": low, "high": high, "verdict": verdict, "in_run_low": vs.low, "in_run_high": vs.high,
-                "instance_sd": float(np.sqrt(variance)),
-            })
+            for scen, m in st.metrics.scenarios.items():
+                vs = getattr(m, ratio_field)
+                if vs is None or m.instance_factor is None or getattr(m, var_field) is None:
+                    continue
+                variance, df = pools[_pool_key(st, by, scen)]
+                low, high, verdict = widened(vs.ratio, vs.low, vs.high, variance, m.instance_factor, df, confidence)
+                setattr(m, ratio_field, vs.model_copy(update={
+                    "low": low, "high": high, "verdict": verdict, "in_run_low": vs.low, "in_run_high": vs.high,
+                    "instance_sd": float(np.sqrt(variance)),
+                }))
 
 
 def stage_reports(records: Sequence[StageRecord], confidence: float) -> list[StageReport]:

@@ -14,7 +14,7 @@ from optimizer.core.artifact import Artifact
 from optimizer.core.pass_base import Check, Feed, PassContext
 from optimizer.measure.accuracy import AccuracyMeter, generation_agreement, mask_of
 from optimizer.measure.bench_slot import bench_slot
-from optimizer.measure.harness import Timed, measure
+from optimizer.measure.harness import Timed, instances_for, measure
 from optimizer.measure.stats import LatencyStats, instance_variance, speedup, widened
 from optimizer.runtime.generation import Generation
 from optimizer.runtime.runners import runner_for
@@ -80,7 +80,7 @@ class MeasureServices:
             sides = []
             for source in (reference, candidate):
                 # More sessions a side when it is an artifact (measure.harness: sessions of one artifact differ)
-                copies = settings.instances if isinstance(source, Artifact) else 1
+                copies = instances_for(settings) if isinstance(source, Artifact) else 1
                 sessions = [stack.enter_context(self._open(source, ctx)) for _ in range(copies)]
                 prepared = [(x, [x.prepare(f) for f in inputs]) for x in sessions]
                 sides.append(Timed(*prepared[0], twins=prepared[1:]))
