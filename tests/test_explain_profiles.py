@@ -136,7 +136,7 @@ def test_generation_stages_are_explained_per_prefill_and_per_decode_step(
     sm = int4.metrics.scenarios["s"] if int4.metrics is not None else None
     assert sm is not None and sm.vs_parent is not None
     sm.vs_parent = sm.vs_parent.model_copy(update={"ratio": 0.5, "low": 0.45, "high": 0.55, "verdict": "slower"})
-    said = next(f for f in findings(report) if f.startswith("int4 ("))
+    said = next(f for f in findings(report) if f.startswith("int4 (") and "slower than its" in f)
     assert "int4: " in said and "ms per prefill" in said and "ms per decode step" in said, said
 
 
