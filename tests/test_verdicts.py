@@ -683,3 +683,10 @@ def test_the_legend_names_the_largest_spread_between_sessions() -> None:
     assert line and "up to 2.5%" in line[0] and "`a`" in line[0], line
     stages[1]["metrics"]["scenarios"]["b1"]["vs_parent"]["instance_sd"] = 0.0
     assert "no spread between sessions" in instance_line(report_of(stages))[0]
+
+
+def test_no_spread_leaves_the_in_run_interval_exactly() -> None:
+    from optimizer.measure.stats import widened
+
+    assert widened(5.5855183296916735, 5.040870191781221, 7.5552274862434565, 0.0, 1.0, 2) == (
+        5.040870191781221, 7.5552274862434565, "faster")

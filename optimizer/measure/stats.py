@@ -167,6 +167,8 @@ def widened(ratio: float, low: float, high: float, variance: float, factor: floa
     """(low, high, verdict) of a ratio whose in-run interval is low-high, widened by the instance spread: the
     ratio carries factor x `variance` (log) that no round shows, known from `df` contrasts (Student's t)."""
     extra = float(stdtrit(max(df, 1), (1 + confidence) / 2)) * math.sqrt(max(variance, 0.0) * factor)
+    if extra == 0.0:  # no spread: the in-run interval as it is (the log round trip would move it by an ulp)
+        return low, high, "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
     low = ratio * math.exp(-math.hypot(math.log(ratio / low), extra))
     high = ratio * math.exp(math.hypot(math.log(high / ratio), extra))
     return low, high, "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
