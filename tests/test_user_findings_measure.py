@@ -96,9 +96,9 @@ def test_best_needs_a_material_size_difference() -> None:
     assert "is smaller" not in why and "none smaller by 10% and 1 MB" in why
 
 
-def test_best_may_prefer_a_materially_smaller_tied_stage() -> None:
-    name, why = _tiny_run((0.95, 0.8, 1.12), 9000)  # same size: no
-    assert name == "export"
+def _best_of_export_and_int8(export_vs: tuple[float, float, float], int8_parent: str,
+                             int8_vs: tuple[float, float, float]) -> tuple[Any, str]:
+    """best_stage over source (90 MB, PyTorch), export (90 MB, from source) and int8_dynamic (23 MB)."""
     from test_report_schema import report_of
 
     from optimizer.measure.best import best_stage
@@ -106,27 +106,23 @@ def test_best_may_prefer_a_materially_smaller_tied_stage() -> None:
     mb = 2**20
     report = report_of([
         _st(0, "source", None, None, 90 * mb, kind="torch"),
-        _st(1, "export", "source", (1.0, 0.9, 1.1), 90 * mb),
-        _st(2, "int8_dynamic", "export", (0.97, 0.85, 1.1), 23 * mb),
+        _st(1, "export", "source", export_vs, 90 * mb),
+        _st(2, "int8_dynamic", int8_parent, int8_vs, 23 * mb),
     ])
-    best, why = best_stage(report.stages, report.scenario_names)
+    return best_stage(report.stages, report.scenario_names)
+
+
+def test_best_may_prefer_a_materially_smaller_tied_stage() -> None:
+    name, why = _tiny_run((0.95, 0.8, 1.12), 9000)  # same size: no
+    assert name == "export"
+    best, why = _best_of_export_and_int8((1.0, 0.9, 1.1), "export", (0.97, 0.85, 1.1))
     assert best is not None and best.name == "int8_dynamic", why
     assert "(23.0 MB vs 90.0 MB)" in why
 
 
 def test_a_stage_slower_than_stage_0_beyond_noise_is_not_best_when_another_is_not() -> None:
     """int8 (0.78x, interval below 1) ties the fastest only through the wide interval of the others."""
-    from test_report_schema import report_of
-
-    from optimizer.measure.best import best_stage
-
-    mb = 2**20
-    report = report_of([
-        _st(0, "source", None, None, 90 * mb, kind="torch"),
-        _st(1, "export", "source", (0.9, 0.5, 1.6), 90 * mb),
-        _st(2, "int8_dynamic", "source", (0.78, 0.7, 0.87), 23 * mb),
-    ])
-    best, why = best_stage(report.stages, report.scenario_names)
+    best, why = _best_of_export_and_int8((0.9, 0.5, 1.6), "source", (0.78, 0.7, 0.87))
     assert best is not None and best.name == "export", why
 
 

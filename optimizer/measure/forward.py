@@ -30,7 +30,7 @@ from optimizer.core.metrics import (
 )
 from optimizer.measure.accuracy import AccuracyMeter, mask_of, recipe_verdict
 from optimizer.measure.bench_slot import bench_slot
-from optimizer.measure.harness import Timed, instances_for, measure, warm_up_all
+from optimizer.measure.harness import Timed, instances_for, measure, twins_refused, warm_up_all
 from optimizer.measure.machine import LoadSampler
 from optimizer.measure.profiles import OpProfile, cuda_kernel_times, ort_op_profile, scenario_profile, torch_profile
 from optimizer.measure.stats import LatencyStats, instance_variance, median_ci_halfwidth, speedup
@@ -163,9 +163,7 @@ def _load_twins(
         parents = [twins.enter_context(runner_for(parent, recipe).load()) for _ in range(copies)]
     except Exception as e:  # out of memory, of any library: the stage is still timed, one session a side
         twins.close()
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return [], [], (f"benchmark.instances: {copies} more session(s) a side could not load ({first}); timed with "
-                        "one session a side, so the intervals leave out the spread between sessions")
+        return [], [], twins_refused(copies, e)
     stack.enter_context(twins)
     return child, parents, None
 

@@ -26,7 +26,7 @@ from optimizer.core.metrics import (
 from optimizer.measure.accuracy import generation_agreement as agreement
 from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.forward import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, latency_of, stage_memory
-from optimizer.measure.harness import instance_for, instances_for
+from optimizer.measure.harness import instance_for, instances_for, twins_refused
 from optimizer.measure.profiles import generation_profile, scenario_profile
 from optimizer.measure.stats import instance_variance, median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
@@ -95,9 +95,7 @@ def measure_generation_stage(
             parent_gens += [generator_for(parent, recipe) for _ in range(copies)]
         except Exception as e:  # out of memory, of any library: timed with one generator a side
             child_gens, parent_gens = [gen], [parent_gen]
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            twin_note = (f"benchmark.instances: {copies} more session(s) a side could not load "
-                         f"({first}); timed with one a side, so the intervals leave out the spread between sessions")
+            twin_note = twins_refused(copies, e)
     scenarios: dict[str, ScenarioMetrics] = {}
     total = len(recipe.scenarios) * settings.rounds
     done = 0

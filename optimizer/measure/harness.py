@@ -14,11 +14,11 @@ the parent and the child run the same inputs in the same round, so a natural-len
 the interleaved ratio still compares like with like.
 
 Two sessions of one artifact are not equally fast: identical ONNX Runtime sessions of a sub-millisecond model
-differed by 5-10% here, consistently over 40 rounds (paired 95% interval 0.85-0.98; 1% for 17 ms MiniLM
-calls), a property of the instance (where its weights and arena landed), not of the pass. One instance per side
-would put that into the pass's ratio with a narrow interval, so each side can carry twins (more instances of the
-same artifact), taken in turn by pairs of rounds (both orders each; `instance_for`), and `stats.instance_variance`
-reads the instance spread off the rounds.
+differed by up to 7.5% here over 40 rounds (paired 95% interval 1.01-1.16; 2.5% for 20 ms MiniLM calls;
+scripts/bench_instances.py), a property of the session (where its weights and arena landed), not of the pass.
+One instance per side would put that into the pass's ratio with a narrow interval, so each side can carry twins
+(more instances of the same artifact), taken in turn by pairs of rounds (both orders each; `instance_for`),
+and `stats.instance_variance` reads the instance spread off the rounds.
 """
 
 from __future__ import annotations
@@ -129,6 +129,13 @@ def instances_for(settings: BenchmarkSettings) -> int:
     """Sessions a side: `benchmark.instances`, or 1 when there are too few rounds for a second to be timed in
     both orders (instance_for changes sessions every two rounds)."""
     return settings.instances if settings.rounds >= 4 else 1
+
+
+def twins_refused(copies: int, error: BaseException) -> str:
+    """Why a stage was timed with one session a side though `benchmark.instances` asked for more."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (f"benchmark.instances: {copies} more session(s) a side could not load ({first}); timed with one a side, "
+            "so the intervals leave out the spread between sessions")
 
 
 def instance_for(r: int, is_child: bool, child_instances: int, instances: int) -> int:
