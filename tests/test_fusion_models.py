@@ -27,6 +27,8 @@ def compile_stages(
     measure: bool = False,
     extra_passes: list[dict[str, Any]] | None = None,
     outputs: list[str] | None = None,
+    fuse_config: dict[str, Any] | None = None,
+    ort_session: bool = False,
 ) -> dict[str, Any]:
     data = {
         "name": "fuse-test",
@@ -37,7 +39,12 @@ def compile_stages(
         "target": {"threads": 1},
         "benchmark": FAST_BENCH,
         "accuracy": {"samples": 2},
-        "passes": [{"type": "export"}, {"type": "fuse"}, *(extra_passes or [])],
+        "passes": [
+            {"type": "export"},
+            *([{"type": "ort_session"}] if ort_session else []),
+            {"type": "fuse", "config": fuse_config or {}},
+            *(extra_passes or []),
+        ],
     }
     recipe = load_recipe(write_recipe(tmp_path, data))
     records = Pipeline(recipe, tmp_path / "out", measure=measure).execute()

@@ -282,6 +282,12 @@ def triton_config(
     ]
     if level is not None:
         lines.append(f"optimization {{ graph {{ level: {level} }} }}")
+    if runtime.get("disabled_optimizers"):  # the fuse pass's kernel choice (passes/fuse/kernel_choice.py)
+        names = ", ".join(runtime["disabled_optimizers"])
+        lines.append(
+            f"# measured with onnxruntime's {names} disabled (slower kernels on the machine it was tuned on); this "
+            "backend has no setting for that, so it may fuse them again at load"
+        )
     if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/sweep.py)
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 100 }}")
     return "\n".join(lines) + "\n"

@@ -186,6 +186,10 @@ def findings(report: RunReport) -> list[str]:
     for st in report.stages:
         label = f"{st.name} ({st.type})"
         out += _launch_findings(st, by_name.get(st.parent or ""), label)
+        for choice in (st.notes.get("kernel_choice") or {}).values():  # passes/fuse/kernel_choice.py
+            if not choice.get("kept", True):
+                said = choice["line"]
+                out.append(f"{label}: a fusion left out, the graph ran faster without it on this target: {said}")
         if st.reason and (st.status in ("failed", "skipped", "interrupted") or st.reason.startswith("not measured")):
             out.append(f"{label} {st.status}: {st.reason}")
         m = st.metrics

@@ -39,7 +39,11 @@ def ort_session(
     source = path if isinstance(path, bytes) else str(path)
     where = "<in-memory model>" if isinstance(path, bytes) else str(path)
     try:
-        session = ort.InferenceSession(source, so, providers=providers or providers_for(runtime, device))
+        # ORT's own load-time fusions a stage measured as slower on its target (the fuse pass's kernel choice):
+        # a session that made them again would not run the graph that was measured.
+        disabled = list(runtime.get("disabled_optimizers") or [])
+        extra = {"disabled_optimizers": disabled} if disabled else {}
+        session = ort.InferenceSession(source, so, providers=providers or providers_for(runtime, device), **extra)
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, NotImplemented)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OptimizerError(f"{where}: onnxruntime cannot load it: {first}") from e

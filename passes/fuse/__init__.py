@@ -14,8 +14,10 @@ and prefers the opset-17 LayerNormalization.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -49,6 +51,12 @@ class FuseConfig(PassConfig):
     rules: list[Literal[RULE_NAMES]] = Field(default_factory=lambda: list(RULE_NAMES))  # type: ignore[valid-type]
     target: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(default="auto", description="auto: the recipe's device")
     min_cosine: float = Field(default=0.99999, description="reject the fused graph below this cosine vs its input")
+    measure: list[Literal[RULE_NAMES]] = Field(  # type: ignore[valid-type]
+        default_factory=list,
+        description="rules whose fused kernels are timed on the target (the graph without each against the graph "
+        "with it, the recipe's first scenario): a rule is left out when the graph without it is measured faster, "
+        "and ONNX Runtime's own fusion of the same pattern is then disabled in the runtime (disabled_optimizers)",
+    )
 
 
 def apply_rules(graph: gs.Graph, names: Iterable[str], ctx: RuleContext) -> dict[str, RuleReport]:
@@ -92,7 +100,8 @@ class FusePass(Pass):
     summary = "our fusion rules: attention+QKV merge, LayerNorm/SkipLayerNorm, GELU/BiasGelu, Gemm, Conv+BN/act"
     Config = FuseConfig
     consumes = frozenset({"onnx"})
-    version = 2  # 2: an IR-3 input's fused graph is written at IR 4 (valid without its weights as inputs)
+    # 2: an IR-3 input's fused graph is written at IR 4 (valid without its weights as inputs); 3: kernel choice
+    version = 3
     requires = ("onnx_graphsurgeon", "onnxruntime")
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
@@ -102,6 +111,7 @@ class FusePass(Pass):
         from passes.fuse.check import compare_graphs
         from passes.fuse.context import RuleContext
         from passes.fuse.graph import name_nodes
+        from passes.fuse.kernel_choice import KernelChoice, choose_kernels
         from passes.fuse.probe import add_contrib_opset, mask_input_name, probe_values, run_probe
 
         cfg: FuseConfig = self.config  # type: ignore[assignment]
@@ -125,27 +135,49 @@ class FusePass(Pass):
             except Exception as e2:
                 raise PassError(f"probe run of the input graph failed: {e2}") from e2
         rctx = RuleContext(target, opset, feed, values)
-        reports = apply_rules(graph, cfg.rules, rctx)
-        model = gs.export_onnx(graph)
-        add_contrib_opset(model)
-        ir_version = valid_ir_version(model)
-        onnx_io.carry_metadata(source_model, model)
-        path = ctx.stage_dir / "model.onnx"
-        external = onnx_io.save(model, path)
-        out = artifact.derive(path=path, external_data=external)
+
+        def build(rules: list[str], folder: Path) -> tuple[Artifact, dict[str, RuleReport], Counter[str], int]:
+            graph = gs.import_onnx(source_model)
+            name_nodes(graph)
+            reports = apply_rules(graph, rules, rctx)
+            model = gs.export_onnx(graph)
+            add_contrib_opset(model)
+            ir_version = valid_ir_version(model)
+            onnx_io.carry_metadata(source_model, model)
+            folder.mkdir(parents=True, exist_ok=True)
+            external = onnx_io.save(model, folder / "model.onnx")
+            out = artifact.derive(path=folder / "model.onnx", external_data=external)
+            return out, reports, Counter(n.op for n in graph.nodes), ir_version
+
+        out, reports, after, ir_version = build(list(cfg.rules), ctx.stage_dir)
+        choices: list[KernelChoice] = []
+        if cfg.measure:
+            fused = {k: r.fused for k, r in reports.items()}
+            trials = ctx.stage_dir / "kernel_choice"
+            keep, chosen, choices = choose_kernels(
+                list(cfg.rules), list(cfg.measure), fused, out, lambda rules, name: build(rules, trials / name)[0], ctx
+            )
+            if chosen is not out:  # written again where the stage's artifact lives, with the runtime it was timed on
+                out, reports, after, ir_version = build(keep, ctx.stage_dir)
+                out = out.derive(runtime=chosen.runtime)
+                for c in choices:
+                    if not c.kept:
+                        reports[c.rule] = RuleReport(skipped=c.line())
+            shutil.rmtree(trials, ignore_errors=True)
         check = compare_graphs(artifact, out, ctx)
         worst = min(v["cosine"] for v in check.values()) if check else 1.0
         if worst < cfg.min_cosine:
             raise PassError(f"fused graph disagrees with its input: cosine {worst:.7f} < {cfg.min_cosine}")
-        after = Counter(n.op for n in graph.nodes)
         notes = {
             "target": target,
             "fused_ops": count_fused(before, after),
-            "rules": {k: r.to_json() for k, r in reports.items()},
+            "rules": {k: reports[k].to_json() for k in cfg.rules if k in reports},
             "nodes_before": sum(before.values()),
             "nodes_after": sum(after.values()),
             "check_vs_input": check,
         }
+        if choices:
+            notes["kernel_choice"] = {c.rule: c.to_json() for c in choices}
         if ir_version != source_model.ir_version:
             notes["ir_version"] = {"input": source_model.ir_version, "output": ir_version}
         return PassResult(out, modified=any(r.fused for r in reports.values()), notes=notes)

@@ -51,6 +51,7 @@ class OrtSession(Session):
             "execution_mode": self.runtime.get("execution_mode", "sequential"),
             "threads": int(self.runtime.get("intra_op_threads") or self.threads),
             "allow_spinning": self.runtime.get("allow_spinning", "onnxruntime's default"),
+            **({"disabled_optimizers": d} if (d := self.runtime.get("disabled_optimizers")) else {}),
         }
 
 

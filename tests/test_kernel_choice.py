@@ -1,0 +1,152 @@
+"""Fused kernels chosen by measurement: a fusion whose kernel is slower on the target than the ops it replaces is
+left out, and ONNX Runtime is told not to make it again at load (runtime.disabled_optimizers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from fusion_helpers import float_input, model
+from onnx import helper, numpy_helper
+from test_fusion_models import BERT_INPUTS, TINY, compile_stages
+
+from optimizer.measure import services
+from optimizer.runtime import onnx_io
+from optimizer.runtime.sessions import ort_session
+from passes.fuse import RULES_BY_NAME
+
+H = 16
+
+
+def unfused_graph(rule: str) -> onnx.ModelProto:
+    """The pattern ONNX Runtime itself fuses at load into the op `rule` emits."""
+    x = [float_input("a", [1, 4, H]), float_input("skip", [1, 4, H])]
+    if rule == "skip_layernorm":
+        nodes = [
+            helper.make_node("Add", ["a", "skip"], ["sum"]),
+            helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5),
+        ]
+        return model(nodes, x, ["y"], {"gamma": np.ones(H, np.float32), "beta": np.zeros(H, np.float32)})
+    nodes = [
+        helper.make_node("Add", ["a", "bias"], ["biased"]),
+        helper.make_node("Gelu", ["biased"], ["y"], domain="com.microsoft"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bias_gelu",
+        x[:1],
+        [float_input("y", [1, 4, H])],
+        [numpy_helper.from_array(np.ones(H, np.float32), "bias")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+FUSED_BY_ORT = {"skip_layernorm": "com.microsoft.SkipLayerNormalization", "bias_gelu": "com.microsoft.BiasGelu"}
+
+
+def optimized_ops(tmp_path: Path, rule: str, runtime: dict[str, Any]) -> set[str]:
+    src, out = tmp_path / f"{rule}.onnx", tmp_path / f"{rule}-opt{len(runtime)}.onnx"
+    onnx.save(unfused_graph(rule), src)
+    ort_session(src, {"graph_optimization_level": "all", **runtime}, 1, optimized_path=str(out))
+    return set(onnx_io.op_histogram(out))
+
+
+@pytest.mark.parametrize("rule", sorted(FUSED_BY_ORT))
+def test_each_declared_ort_fusion_name_stops_that_fusion(tmp_path: Path, rule: str) -> None:
+    """ORT accepts unknown optimizer names silently, so each name a rule declares is checked to take effect."""
+    fused = FUSED_BY_ORT[rule]
+    assert fused in optimized_ops(tmp_path, rule, {})  # ORT fuses the pattern itself at level all
+    disabled = list(RULES_BY_NAME[rule].ort_fusions)
+    assert disabled and fused not in optimized_ops(tmp_path, rule, {"disabled_optimizers": disabled})
+
+
+def test_every_rule_with_ort_fusions_is_checked_above() -> None:
+    assert {name for name, r in RULES_BY_NAME.items() if r.ort_fusions} == set(FUSED_BY_ORT)
+
+
+def fake_time(slow_rule: str) -> Any:
+    """ctx.time where only the graph without `slow_rule` is faster: the rule's kernel is the slow one; without any
+    other rule the graph is 1% faster, a tie that keeps the fused graph."""
+
+    def time(self: Any, candidate: Any, reference: Any, ctx: Any, feeds: Any) -> dict[str, Any]:
+        faster = f"without_{slow_rule}" in str(candidate.path)
+        ratio = 1.2 if faster else 1.01
+        return {"speedup": ratio, "low": ratio - 0.05, "high": ratio + 0.05, "verdict": "faster" if faster else
+                "within noise", "p50_ms": 1.0 / ratio, "input_p50_ms": 1.0, "rounds": 4, "calls": 12}
+
+    return time
+
+
+def test_a_fusion_measured_slower_is_left_out_and_onnxruntime_told_not_to_make_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(services.MeasureServices, "time", fake_time("skip_layernorm"))
+    model_src = {"source": "hf_config", "architecture": "bert", "config": TINY}
+    stages = compile_stages(
+        tmp_path,
+        model_src,
+        BERT_INPUTS,
+        extra_passes=[{"type": "quantize", "name": "int8", "config": {"mode": "int8_dynamic"}}],
+        fuse_config={"measure": ["skip_layernorm", "bias_gelu"]},
+        ort_session=True,
+    )
+    fuse = stages["fuse"]
+    choice = fuse.notes["kernel_choice"]
+    assert choice["skip_layernorm"]["kept"] is False and choice["skip_layernorm"]["fused"] == 4
+    assert choice["skip_layernorm"]["ort_fusions_disabled"] == ["SkipLayerNormFusion"]
+    assert choice["bias_gelu"]["kept"] is True and choice["bias_gelu"]["verdict"] == "within noise"
+    assert "left out" in fuse.notes["rules"]["skip_layernorm"]["skipped"]
+    assert "SkipLayerNormalization" not in fuse.notes["fused_ops"] and fuse.notes["fused_ops"]["BiasGelu"] == 2
+    assert fuse.artifact.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    assert not (fuse.artifact.path.parent / "kernel_choice").exists()  # the trial graphs are not left behind
+    # The stage's graph as ORT runs it, and every stage built on it, keep the residual Add + LayerNormalization.
+    opt = tmp_path / "fuse-as-run.onnx"
+    ort_session(fuse.artifact.path, fuse.artifact.runtime, 1, optimized_path=str(opt))
+    assert "com.microsoft.SkipLayerNormalization" not in onnx_io.op_histogram(opt)
+    assert stages["int8"].artifact.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
+
+
+def test_without_measure_the_fuse_stage_is_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_timing(*a: Any, **k: Any) -> None:
+        raise AssertionError("fuse timed a graph without `measure`")
+
+    monkeypatch.setattr(services.MeasureServices, "time", no_timing)
+    bert = {"source": "hf_config", "architecture": "bert", "config": TINY}
+    fuse = compile_stages(tmp_path, bert, BERT_INPUTS)["fuse"]
+    assert "kernel_choice" not in fuse.notes and "disabled_optimizers" not in fuse.artifact.runtime
+    assert fuse.notes["fused_ops"]["SkipLayerNormalization"] == 4
+
+
+def test_a_fusion_left_out_is_a_finding_of_the_run() -> None:
+    from test_report_schema import report_of
+    from test_user_findings_measure import _st
+
+    from optimizer.report.build import findings
+
+    fuse = _st(1, "fuse", "source", None, 9000)
+    line = "skip_layernorm: left out; the graph without its 12 fusions ran 1.13x (1.08-1.18) faster"
+    fuse["notes"] = {"kernel_choice": {
+        "skip_layernorm": {"kept": False, "line": line},
+        "bias_gelu": {"kept": True, "line": "bias_gelu: kept; ..."},
+    }}
+    said = [f for f in findings(report_of([_st(0, "source", None, None, 9000), fuse])) if "left out" in f]
+    assert said == [f"fuse (x): a fusion left out, the graph ran faster without it on this target: {line}"]
+
+
+def test_triton_config_says_which_fusions_it_cannot_disable() -> None:
+    """Triton's onnxruntime backend has no setting for disabled_optimizers: the config says so where it is read."""
+    from google.protobuf import text_format
+    from test_gpu_injected import _model_config_pb2, _report
+
+    from optimizer.deploy.bundle import triton_config
+
+    io = [{"name": "x", "dtype": "float32", "onnx_type": "FLOAT", "shape": ["batch", 4]}]
+    runtime = {"graph_optimization_level": "all", "disabled_optimizers": ["SkipLayerNormFusion"]}
+    text = triton_config("m", io, io, _report("cpu", 2), runtime)
+    assert "# measured with onnxruntime's SkipLayerNormFusion disabled" in text
+    text_format.Parse(text, _model_config_pb2().ModelConfig())  # still a valid config
+    assert "disabled" not in triton_config("m", io, io, _report("cpu", 2), {"graph_optimization_level": "all"})
