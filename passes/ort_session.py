@@ -52,6 +52,12 @@ class OrtSessionConfig(PassConfig):
         "is sized once per process from intra_op_threads and, from Python, always spins) instead of a pool per "
         "session; none: as the input stage has it (a pool per session unless an earlier stage set it)",
     )
+    disabled_optimizers: list[str] | None = Field(
+        default=None,
+        description="ONNX Runtime graph transformers to leave out by name (e.g. SkipLayerNormFusion, whose CPU "
+        "kernel measured slower than the Add + LayerNormalization it replaces): the same choice the fuse pass's "
+        "kernel choice makes, for graphs it does not rewrite; none: as the input stage has it",
+    )
     save_optimized: bool = True
 
 
@@ -72,7 +78,8 @@ class OrtSessionPass(Pass):
     summary = "ONNX Runtime's own graph optimizations and thread-pool settings, switched on as a stage of their own"
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
-    version = 3  # 2: a generation artifact's decode graph optimized and saved too; 3: shared_thread_pool, notes
+    # 2: a generation artifact's decode graph optimized and saved too; 3: shared_thread_pool, notes; 4: disabled
+    version = 4
     requires = ("onnxruntime",)
     handles_generation = True
 
@@ -133,4 +140,6 @@ def session_runtime(cfg: OrtSessionConfig) -> dict[str, Any]:
         runtime["intra_op_threads"] = cfg.intra_op_threads
     if cfg.shared_thread_pool is not None:
         runtime["shared_thread_pool"] = cfg.shared_thread_pool
+    if cfg.disabled_optimizers is not None:
+        runtime["disabled_optimizers"] = list(cfg.disabled_optimizers)
     return runtime

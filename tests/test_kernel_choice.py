@@ -150,3 +150,33 @@ def test_triton_config_says_which_fusions_it_cannot_disable() -> None:
     assert "# measured with onnxruntime's SkipLayerNormFusion disabled" in text
     text_format.Parse(text, _model_config_pb2().ModelConfig())  # still a valid config
     assert "disabled" not in triton_config("m", io, io, _report("cpu", 2), {"graph_optimization_level": "all"})
+
+
+def test_an_ort_session_stage_can_disable_onnxruntime_fusions(tmp_path: Path) -> None:
+    """For graphs the fuse pass does not rewrite (a generation artifact's prefill and decode graphs), the same
+    choice is an ort_session stage: ORT's fusion off, timed against its parent like any setting."""
+    from conftest import FAST_BENCH, write_recipe
+
+    from optimizer.engine.pipeline import Pipeline
+    from optimizer.recipe.loading import load_recipe
+
+    data = {
+        "name": "no-skip-ln",
+        "model": {"source": "hf_config", "architecture": "bert", "config": TINY},
+        "inputs": BERT_INPUTS,
+        "outputs": ["last_hidden_state"],
+        "scenarios": [{"name": "b2-s16", "batch": 2, "seq": 16}],
+        "target": {"threads": 1},
+        "benchmark": FAST_BENCH,
+        "accuracy": {"samples": 2},
+        "passes": [
+            {"type": "export"},
+            {"type": "ort_session"},
+            {"type": "ort_session", "name": "no_skip_ln", "config": {"disabled_optimizers": ["SkipLayerNormFusion"]}},
+        ],
+    }
+    records = {r.name: r for r in Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "o").execute()}
+    assert "com.microsoft.SkipLayerNormalization" in records["ort_session"].notes["ort_optimized_graph"]["op_types"]
+    stage = records["no_skip_ln"]
+    assert stage.artifact.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    assert "com.microsoft.SkipLayerNormalization" not in stage.notes["ort_optimized_graph"]["op_types"]
