@@ -81,10 +81,27 @@ def fake_time(slow_rule: str) -> Any:
     return time
 
 
+NODE_MS = {"SkipLayerNormalization": 0.1, "LayerNormalization": 0.02, "Add": 0.01, "BiasGelu": 0.05, "Gelu": 0.045}
+
+
+def fake_profile(artifact: Any, recipe: Any, feed: Any, runs: int = 10) -> tuple[dict[str, float], int]:
+    """ORT's profile as a fixed cost per node: a SkipLayerNormalization costs more than the Add + LayerNormalization
+    it replaces; a BiasGelu about what Add + Gelu cost (within the 10% margin)."""
+    hist = onnx_io.op_histogram(artifact.path)
+    ops: dict[str, float] = {}
+    for key, n in hist.items():
+        op = key.split(".")[-1]
+        ops[op] = ops.get(op, 0.0) + n * NODE_MS.get(op, 0.001)
+    return ops, sum(hist.values())
+
+
 def test_a_fusion_measured_slower_is_left_out_and_onnxruntime_told_not_to_make_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from optimizer.runtime.runners import ort_runner
+
     monkeypatch.setattr(services.MeasureServices, "time", fake_time("skip_layernorm"))
+    monkeypatch.setattr(ort_runner, "op_time_breakdown", fake_profile)
     model_src = {"source": "hf_config", "architecture": "bert", "config": TINY}
     stages = compile_stages(
         tmp_path,
@@ -98,6 +115,8 @@ def test_a_fusion_measured_slower_is_left_out_and_onnxruntime_told_not_to_make_i
     choice = fuse.notes["kernel_choice"]
     assert choice["skip_layernorm"]["kept"] is False and choice["skip_layernorm"]["fused"] == 4
     assert choice["skip_layernorm"]["ort_fusions_disabled"] == ["SkipLayerNormFusion"]
+    assert choice["skip_layernorm"]["kernel_op_types"] == ["Add", "LayerNormalization", "SkipLayerNormalization"]
+    assert choice["skip_layernorm"]["kernel_ms_with"] == pytest.approx(4 * 0.1 + 1 * 0.02 + 0.01 * 2, rel=0.5)
     assert choice["bias_gelu"]["kept"] is True and choice["bias_gelu"]["verdict"] == "within noise"
     assert "left out" in fuse.notes["rules"]["skip_layernorm"]["skipped"]
     assert "SkipLayerNormalization" not in fuse.notes["fused_ops"] and fuse.notes["fused_ops"]["BiasGelu"] == 2
@@ -134,7 +153,8 @@ def test_a_fusion_left_out_is_a_finding_of_the_run() -> None:
         "bias_gelu": {"kept": True, "line": "bias_gelu: kept; ..."},
     }}
     said = [f for f in findings(report_of([_st(0, "source", None, None, 9000), fuse])) if "left out" in f]
-    assert said == [f"fuse (x): a fusion left out, the graph ran faster without it on this target: {line}"]
+    why = "its kernel measured slower on this target than the ops it replaces"
+    assert said == [f"fuse (x): a fusion left out ({why}): {line}"]
 
 
 def test_triton_config_says_which_fusions_it_cannot_disable() -> None:
@@ -180,3 +200,44 @@ def test_an_ort_session_stage_can_disable_onnxruntime_fusions(tmp_path: Path) ->
     stage = records["no_skip_ln"]
     assert stage.artifact.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
     assert "com.microsoft.SkipLayerNormalization" not in stage.notes["ort_optimized_graph"]["op_types"]
+
+
+class FakeCtx:
+    def __init__(self, verdict: str, ratio: float) -> None:
+        self.timing = {"speedup": ratio, "low": ratio - 0.1, "high": ratio + 0.1, "verdict": verdict,
+                       "p50_ms": 1.0, "input_p50_ms": ratio, "rounds": 4, "calls": 12}
+
+    def time(self, candidate: Any, reference: Any) -> dict[str, Any]:
+        return self.timing
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("kernels", "verdict", "ratio", "kept"),
+    [
+        ((1.0, 0.4), "within noise", 1.01, False),  # the profile decides a whole-graph tie
+        ((1.0, 0.4), "slower", 0.9, True),  # ... unless the whole graph is slower without the rule
+        ((1.0, 0.95), "faster", 1.2, True),  # kernels within the 10% margin: the fused graph stays
+        (None, "within noise", 1.05, False),  # no profile: the point estimate, 2% margin
+        (None, "within noise", 1.01, True),
+    ],
+)
+def test_the_rule_of_choice(
+    monkeypatch: pytest.MonkeyPatch, kernels: tuple[float, float] | None, verdict: str, ratio: float, kept: bool
+) -> None:
+    from optimizer.core.artifact import Artifact
+    from passes.fuse import kernel_choice
+
+    cost = None if kernels is None else kernel_choice.KernelCost(["Add", "SkipLayerNormalization"], *kernels)
+    monkeypatch.setattr(kernel_choice, "kernel_cost", lambda a, b, ctx: cost)
+    built = Artifact("onnx", Path("with.onnx"))
+    rules = ["layernorm", "skip_layernorm"]
+    keep, chosen, choices = kernel_choice.choose_kernels(
+        rules, ["skip_layernorm"], {"skip_layernorm": 3}, built, lambda r, name: Artifact("onnx", Path(name)),
+        FakeCtx(verdict, ratio),  # type: ignore[arg-type]
+    )
+    assert choices[0].kept is kept and (keep == rules) is kept and (chosen is built) is kept
+    if not kept:
+        assert chosen.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]

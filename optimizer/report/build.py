@@ -189,7 +189,8 @@ def findings(report: RunReport) -> list[str]:
         for choice in (st.notes.get("kernel_choice") or {}).values():  # passes/fuse/kernel_choice.py
             if not choice.get("kept", True):
                 said = choice["line"]
-                out.append(f"{label}: a fusion left out, the graph ran faster without it on this target: {said}")
+                why = "its kernel measured slower on this target than the ops it replaces"
+                out.append(f"{label}: a fusion left out ({why}): {said}")
         if st.reason and (st.status in ("failed", "skipped", "interrupted") or st.reason.startswith("not measured")):
             out.append(f"{label} {st.status}: {st.reason}")
         m = st.metrics

@@ -3,17 +3,22 @@
 Fusing is not always faster. On these AVX-512 cores, onnxruntime 1.32's CPU SkipLayerNormalization took ~130 us a
 call on MiniLM's 1x128x384 activations, where a LayerNormalization of the same shape took ~25 us and the Add
 ~15 us (ORT's per-node profile of the INT8 graph): fused, the INT8 MiniLM ran 1.13x slower. So the rules named in
-`fuse`'s `measure` are timed: the graph without the rule against the graph with it, interleaved by the harness
-(ctx.time: the recipe's first scenario, its benchmark settings and sessions a side), and the faster graph wins, as
-a builder's tactic timing picks the fastest kernel: both graphs compute the same thing, so the choice needs no
-proof beyond the measurement, only a margin (`MIN_GAIN`) so that a tie keeps the fused graph. The interval is
-reported beside it. When a rule is left out, ONNX Runtime's own load-time fusion of the same pattern (the rule's
-`ort_fusions`) is disabled in the artifact's runtime, which later stages and bundles inherit, or ORT would make
-the fusion again when it loads the graph.
+`fuse`'s `measure` are measured two ways on the recipe's first scenario. The kernels: ONNX Runtime's per-node
+profile of both graphs, summed over the op types whose node counts differ between them (the fused op on one
+side, the ops it replaces on the other), medians of ten calls: a precise reading of exactly what the rule
+changes. The whole graph: the graph without the rule against the graph with it, interleaved by the harness
+(ctx.time: benchmark settings, sessions a side). A rule is left out when its kernels cost at least `MIN_KERNEL_GAIN`
+more than the ops they replace and the whole graph without it is not measured slower (the interval below 1);
+without a profile (another runtime), when the whole graph without it is at least `MIN_GAIN` faster. Both graphs
+compute the same thing, so the choice needs no proof of a speedup beyond the measurement, as a builder's tactic
+timing picks the fastest kernel; the margins make a tie keep the fused graph. When a rule is left out, ONNX
+Runtime's own load-time fusion of the same pattern (the rule's `ort_fusions`) is disabled in the artifact's
+runtime, which later stages and bundles inherit, or ORT would make the fusion again when it loads the graph.
 
-Measured on MiniLM's FP32 fuse stage at b1-s128 (optimizer compile recipes/minilm-cpu.yaml): without
-SkipLayerNormalization 1.06x (0.97-1.16; ten rounds cannot exclude a tie where ~1 ms of 17 is at stake); the INT8
-graphs built on it then ran 2.82x the FP32 session instead of 2.34x (scripts/bench_quantize.py).
+Measured on MiniLM's FP32 fuse stage at b1-s128 (optimizer compile recipes/minilm-cpu.yaml): the whole graph
+without SkipLayerNormalization 1.06x (0.97-1.16; ten rounds cannot exclude a tie where ~1 ms of 17 is at stake,
+which is why the profile decides); the INT8 graphs built on it then ran 2.82x the FP32 session instead of 2.34x
+(scripts/bench_quantize.py).
 """
 
 from __future__ import annotations
@@ -26,7 +31,45 @@ from optimizer.core.artifact import Artifact
 from optimizer.core.pass_base import PassContext
 from passes.fuse.rule import RULES_BY_NAME
 
-MIN_GAIN = 0.02  # the graph without a rule must run at least 2% faster (point estimate) to leave the rule out
+MIN_KERNEL_GAIN = 0.10  # the fused kernels must cost 10% more than the ops they replace (profile) to leave them out
+MIN_GAIN = 0.02  # without a profile: the graph without a rule at least 2% faster (point estimate)
+PROFILED_CALLS = 10
+
+
+@dataclass
+class KernelCost:
+    """ORT's profile of both graphs over the op types whose node counts differ between them: ms per call."""
+
+    op_types: list[str]
+    with_rule_ms: float
+    without_rule_ms: float
+
+    def cheaper_without(self) -> bool:
+        return self.without_rule_ms <= self.with_rule_ms * (1 - MIN_KERNEL_GAIN)
+
+
+def kernel_cost(with_rule: Artifact, without_rule: Artifact, ctx: PassContext) -> KernelCost | None:
+    """The kernels the rule changes, profiled in both graphs on the first scenario's timing input; None when the
+    artifacts are not ONNX Runtime graphs or the profile fails (the whole-graph timing decides then)."""
+    from optimizer.runtime import onnx_io
+    from optimizer.runtime.runners.ort_runner import op_time_breakdown
+
+    if with_rule.kind != "onnx" or without_rule.kind != "onnx" or with_rule.path is None or without_rule.path is None:
+        return None
+    bare = lambda key: key.split(".")[-1]  # noqa: E731  (ORT's profile names op types without their domain)
+    before, after = onnx_io.op_histogram(with_rule.path), onnx_io.op_histogram(without_rule.path)
+    changed = sorted({bare(k) for k in set(before) | set(after) if before.get(k, 0) != after.get(k, 0)})
+    if not changed:
+        return None
+    feed = next(iter(ctx.feeds)).timing
+    try:
+        ops_with, _ = op_time_breakdown(with_rule, ctx.recipe, feed, PROFILED_CALLS)
+        ops_without, _ = op_time_breakdown(without_rule, ctx.recipe, feed, PROFILED_CALLS)
+    except Exception:  # a profile is an aid to the choice, not a condition of the stage
+        return None
+    return KernelCost(
+        changed, sum(ops_with.get(t, 0.0) for t in changed), sum(ops_without.get(t, 0.0) for t in changed)
+    )
 
 
 @dataclass
@@ -36,6 +79,7 @@ class KernelChoice:
     kept: bool
     timing: dict[str, Any]  # ctx.time of the graph without the rule (candidate) against the graph with it
     disabled: list[str]  # ONNX Runtime fusions disabled because the rule was left out
+    kernels: KernelCost | None = None
 
     def to_json(self) -> dict[str, Any]:
         t = self.timing
@@ -49,16 +93,23 @@ class KernelChoice:
             "p50_ms_with": t["input_p50_ms"],
             "p50_ms_without": t["p50_ms"],
             "ort_fusions_disabled": self.disabled,
+            **({"kernel_op_types": self.kernels.op_types, "kernel_ms_with": self.kernels.with_rule_ms,
+                "kernel_ms_without": self.kernels.without_rule_ms} if self.kernels is not None else {}),
             "line": self.line(),
         }
 
     def line(self) -> str:
-        t = self.timing
-        ratio = f"{t['speedup']:.2f}x ({t['low']:.2f}-{t['high']:.2f})"
-        if self.kept:
-            return f"{self.rule}: kept; the graph without its {self.fused} fusions ran {ratio} ({t['verdict']})"
+        t, k = self.timing, self.kernels
+        ratio = f"{t['speedup']:.2f}x ({t['low']:.2f}-{t['high']:.2f}, {t['verdict']})"
+        cost = (
+            f"its kernels {k.with_rule_ms:.2f} ms per call against {k.without_rule_ms:.2f} ms for the ops they "
+            f"replace ({', '.join(k.op_types)}: ORT profile); "
+            if k is not None
+            else ""
+        )
+        head = f"{self.rule}: {'kept' if self.kept else 'left out'}; {cost}"
         ort = f"; onnxruntime's {', '.join(self.disabled)} disabled" if self.disabled else ""
-        return f"{self.rule}: left out; the graph without its {self.fused} fusions ran {ratio} ({t['verdict']}){ort}"
+        return f"{head}the graph without its {self.fused} fusions ran {ratio}{ort}"
 
 
 def disabled_runtime(runtime: dict[str, Any], rule: str) -> tuple[dict[str, Any], list[str]]:
@@ -77,8 +128,8 @@ def choose_kernels(
     ctx: PassContext,
 ) -> tuple[list[str], Artifact, list[KernelChoice]]:
     """Rules to keep, the artifact they make, and one choice per measured rule that fused something, in
-    `measure`'s order, each judged against the graph the choices before it left (greedy: one timing a rule), by
-    the point estimate of the ratio (see the module's docstring).
+    `measure`'s order, each judged against the graph the choices before it left (greedy: one measurement a rule;
+    the rule of choice is in the module's docstring).
     build(rules, label) writes the graph those rules make and returns it as an artifact (runtime: `built`'s)."""
     current, keep, choices = built, list(rules), []
     todo = [r for r in measure if r in keep and fused.get(r, 0) > 0]
@@ -88,8 +139,12 @@ def choose_kernels(
         runtime, disabled = disabled_runtime(current.runtime, rule)
         candidate = build(without, f"without_{rule}").derive(runtime=runtime)
         timing = ctx.time(candidate, current)
-        kept = timing["speedup"] < 1 + MIN_GAIN
-        choices.append(KernelChoice(rule, fused[rule], kept, timing, [] if kept else disabled))
+        kernels = kernel_cost(current, candidate, ctx)
+        if kernels is not None:
+            kept = not kernels.cheaper_without() or timing["verdict"] == "slower"
+        else:
+            kept = timing["speedup"] < 1 + MIN_GAIN
+        choices.append(KernelChoice(rule, fused[rule], kept, timing, [] if kept else disabled, kernels))
         if not kept:
             current, keep = candidate, without
     ctx.progress("kernel choice", len(todo), len(todo))
