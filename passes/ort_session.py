@@ -56,7 +56,7 @@ class OrtSessionConfig(PassConfig):
         default=None,
         description="ONNX Runtime graph transformers to leave out by name (e.g. SkipLayerNormFusion, whose CPU "
         "kernel measured slower than the Add + LayerNormalization it replaces): the same choice the fuse pass's "
-        "kernel choice makes, for graphs it does not rewrite; none: as the input stage has it",
+        "kernel choice makes, for graphs it does not rewrite; added to those the input stage disabled",
     )
     save_optimized: bool = True
 
@@ -99,6 +99,10 @@ class OrtSessionPass(Pass):
         for f in artifact.files():
             shutil.copyfile(f, ctx.stage_dir / (model_path.name if f == artifact.path else f.name))
         runtime = session_runtime(cfg)
+        if "disabled_optimizers" in runtime:  # added to what an earlier stage disabled (fuse's kernel choice)
+            inherited = list(artifact.runtime.get("disabled_optimizers") or [])
+            added = [d for d in runtime["disabled_optimizers"] if d not in inherited]
+            runtime["disabled_optimizers"] = inherited + added
         out = artifact.derive(path=model_path, runtime={**artifact.runtime, **runtime})
         notes: dict[str, object] = {
             "session_options": runtime,

@@ -241,3 +241,91 @@ def test_the_rule_of_choice(
     assert choices[0].kept is kept and (keep == rules) is kept and (chosen is built) is kept
     if not kept:
         assert chosen.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
+
+
+class RaisingCtx(FakeCtx):
+    def time(self, candidate: Any, reference: Any) -> dict[str, Any]:
+        from optimizer.core.errors import OptimizerError
+
+        raise OptimizerError("without.onnx: onnxruntime cannot load it: bad graph")
+
+
+def test_two_rules_left_out_accumulate_and_a_rule_that_cannot_be_timed_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from optimizer.core.artifact import Artifact
+    from passes.fuse import kernel_choice
+
+    cheaper = kernel_choice.KernelCost(["X"], 1.0, 0.5)
+    monkeypatch.setattr(kernel_choice, "kernel_cost", lambda a, b, ctx: cheaper)
+    rules = ["skip_layernorm", "bias_gelu"]
+    fused = {"skip_layernorm": 2, "bias_gelu": 2}
+
+    def build(r: list[str], name: str) -> Artifact:
+        return Artifact("onnx", Path(name))
+
+    keep, chosen, _ = kernel_choice.choose_kernels(
+        rules, rules, fused, Artifact("onnx", Path("w.onnx")), build, FakeCtx("within noise", 1.05)  # type: ignore[arg-type]
+    )
+    assert keep == [] and chosen.runtime["disabled_optimizers"] == ["SkipLayerNormFusion", "BiasGeluFusion"]
+    built = Artifact("onnx", Path("w.onnx"))
+    keep, chosen, choices = kernel_choice.choose_kernels(
+        rules, ["skip_layernorm"], fused, built, build, RaisingCtx("faster", 2.0)  # type: ignore[arg-type]
+    )
+    assert keep == rules and chosen is built and choices[0].kept
+    assert choices[0].to_json()["line"] == "skip_layernorm: kept; not measured: without.onnx: onnxruntime cannot " \
+        "load it: bad graph"
+
+
+def test_measure_takes_only_rules_whose_onnxruntime_fusion_can_be_stopped() -> None:
+    from pydantic import ValidationError
+
+    from passes.fuse import FuseConfig
+
+    with pytest.raises(ValidationError, match="'layernorm' cannot be measured"):
+        FuseConfig(measure=["layernorm"])
+    with pytest.raises(ValidationError, match="'bias_gelu' is not in rules"):
+        FuseConfig(rules=["layernorm", "skip_layernorm"], measure=["bias_gelu"])
+
+
+def test_a_measured_choice_is_cached_per_thread_count(tmp_path: Path) -> None:
+    from conftest import mlp_recipe, write_recipe
+
+    from optimizer.recipe.loading import load_recipe
+    from passes.fuse import FuseConfig, FusePass
+
+    def extras(threads: int, measure: list[str]) -> Any:
+        recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(target={"threads": threads})))
+        return FusePass(FuseConfig(measure=measure)).key_extras(recipe)
+
+    assert extras(1, []) is None  # nothing timed: the key as before
+    assert extras(1, ["skip_layernorm"]) != extras(2, ["skip_layernorm"])
+
+
+def test_later_ort_session_adds_to_the_fusions_fuse_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimizer.runtime.runners import ort_runner
+
+    monkeypatch.setattr(services.MeasureServices, "time", fake_time("skip_layernorm"))
+    monkeypatch.setattr(ort_runner, "op_time_breakdown", fake_profile)
+    stages = compile_stages(
+        tmp_path,
+        {"source": "hf_config", "architecture": "bert", "config": TINY},
+        BERT_INPUTS,
+        extra_passes=[{"type": "ort_session", "name": "more", "config": {"disabled_optimizers": ["BiasGeluFusion"]}}],
+        fuse_config={"measure": ["skip_layernorm"]},
+    )
+    assert stages["more"].artifact.runtime["disabled_optimizers"] == ["SkipLayerNormFusion", "BiasGeluFusion"]
+
+
+def test_compare_times_a_stage_with_the_fusions_its_run_disabled(tmp_path: Path) -> None:
+    from test_compare import tiny
+
+    from optimizer.engine.compare import Side, compare_recipe
+
+    a, b = tiny(tmp_path / "a.onnx"), tiny(tmp_path / "b.onnx", pairs=8)
+    side_b = Side("B", b, "RUN:fuse", runtime={"graph_optimization_level": "all",
+                                               "disabled_optimizers": ["SkipLayerNormFusion"]})
+    recipe, notes = compare_recipe(Side("A", a, str(a)), side_b)
+    session = recipe.passes[0]
+    assert session.type == "ort_session" and session.config["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    assert any("SkipLayerNormFusion disabled" in n for n in notes)

@@ -160,6 +160,11 @@ class Pass(ABC):
         missing = [m for m in cls.requires if importlib.util.find_spec(m) is None]
         return f"{', '.join(missing)} not installed" if missing else None
 
+    def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
+        """What the output depends on beyond the config, the input and the feeds, for the cache key (a pass whose
+        choices are timed: the threads and benchmark settings they were timed with); None: nothing more."""
+        return None
+
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         """Why this pass cannot run on this artifact here, or None."""
         if artifact.kind not in self.consumes:

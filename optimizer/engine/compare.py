@@ -261,9 +261,14 @@ def compare_recipe(
         target["device"] = device
     benchmark = {**(kept.pop("benchmark", {}) or {}), **(bench or {})}
     passes: list[dict[str, Any]] = []
+    # A side whose run disabled ORT fusions (fuse's kernel choice) is timed as it ran: both sides get the union.
+    disabled = sorted({d for side in (a, b) for d in side.runtime.get("disabled_optimizers") or []})
     if level != "disable_all":
-        passes.append({"type": "ort_session", "name": A_STAGE,
-                       "config": {"graph_optimization_level": level, "save_optimized": False}})
+        session = {"graph_optimization_level": level, "save_optimized": False}
+        if disabled:
+            session["disabled_optimizers"] = disabled
+            notes.append(f"both run with onnxruntime's {', '.join(disabled)} disabled, as a side ran in its run")
+        passes.append({"type": "ort_session", "name": A_STAGE, "config": session})
     substitute = {"path": str(b.path), "sha256": file_sha256(b.path)}
     passes.append({"type": "substitute", "name": B_STAGE, "config": substitute})
     for side in (a, b):

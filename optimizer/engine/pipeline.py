@@ -367,7 +367,11 @@ class Pipeline:
             rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
             return
         config = instance.config.model_dump(mode="json")
-        rec.key = rd.content_hash(parent.key, spec.type, cls.version, config, self.feeds_key, self.recipe.target.device)
+        extras = instance.key_extras(self.recipe)  # e.g. fuse's kernel choice: the threads it was timed with
+        rec.key = rd.content_hash(
+            parent.key, spec.type, cls.version, config, self.feeds_key, self.recipe.target.device,
+            *([extras] if extras else []),
+        )
         cached = self.run.find_cached(rec.key) if self.use_cache else None
         if cached is not None:
             info = rd.read_json(cached / rd.STAGE_FILE) or {}

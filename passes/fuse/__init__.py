@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
@@ -30,6 +30,7 @@ from passes.fuse.rule import FUSED_OPS, RULE_NAMES, RULES, RULES_BY_NAME, Fusion
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
 
+    from optimizer.recipe.schema import Recipe
     from passes.fuse.context import RuleContext
 
 __all__ = [
@@ -57,6 +58,19 @@ class FuseConfig(PassConfig):
         "with it, the recipe's first scenario): a rule is left out when the graph without it is measured faster, "
         "and ONNX Runtime's own fusion of the same pattern is then disabled in the runtime (disabled_optimizers)",
     )
+
+    @model_validator(mode="after")
+    def _measurable(self) -> FuseConfig:
+        """Only rules whose ORT counterpart is known can be left out: ORT would make any other fusion again at
+        load, and the graph that runs would not be the one measured."""
+        can = [r.name for r in RULES if r.ort_fusions]
+        for name in self.measure:
+            if name not in self.rules:
+                raise ValueError(f"measure: {name!r} is not in rules, so there is nothing to measure")
+            if name not in can:
+                raise ValueError(f"measure: {name!r} cannot be measured (ONNX Runtime's own fusion of it is not "
+                                 f"known to be stoppable); measurable rules: {', '.join(can)}")
+        return self
 
 
 def apply_rules(graph: gs.Graph, names: Iterable[str], ctx: RuleContext) -> dict[str, RuleReport]:
@@ -103,6 +117,15 @@ class FusePass(Pass):
     # 2: an IR-3 input's fused graph is written at IR 4 (valid without its weights as inputs); 3: kernel choice
     version = 3
     requires = ("onnx_graphsurgeon", "onnxruntime")
+
+    def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
+        """A kernel choice holds for the threads and benchmark settings it was measured with."""
+        from optimizer.runtime.threads import target_threads
+
+        cfg: FuseConfig = self.config  # type: ignore[assignment]
+        if not cfg.measure:
+            return None
+        return {"threads": target_threads(recipe), "benchmark": recipe.benchmark.model_dump(mode="json")}
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnx_graphsurgeon as gs
@@ -151,13 +174,20 @@ class FusePass(Pass):
 
         out, reports, after, ir_version = build(list(cfg.rules), ctx.stage_dir)
         choices: list[KernelChoice] = []
-        if cfg.measure:
+        if cfg.measure and ctx.recipe.target.device != "cpu":
+            notes_extra = {"kernel_choice_skipped": f"measure: the kernel choice is measured on a cpu target only "
+                           f"(this recipe's target is {ctx.recipe.target.device}): every rule kept"}
+        else:
+            notes_extra = {}
+        if cfg.measure and not notes_extra:
             fused = {k: r.fused for k, r in reports.items()}
             trials = ctx.stage_dir / "kernel_choice"
             keep, chosen, choices = choose_kernels(
                 list(cfg.rules), list(cfg.measure), fused, out, lambda rules, name: build(rules, trials / name)[0], ctx
             )
             if chosen is not out:  # written again where the stage's artifact lives, with the runtime it was timed on
+                for old in out.files():  # onnx appends to an existing external-data file: start from none
+                    old.unlink(missing_ok=True)
                 out, reports, after, ir_version = build(keep, ctx.stage_dir)
                 out = out.derive(runtime=chosen.runtime)
                 for c in choices:
@@ -178,6 +208,7 @@ class FusePass(Pass):
         }
         if choices:
             notes["kernel_choice"] = {c.rule: c.to_json() for c in choices}
+        notes.update(notes_extra)
         if ir_version != source_model.ir_version:
             notes["ir_version"] = {"input": source_model.ir_version, "output": ir_version}
         return PassResult(out, modified=any(r.fused for r in reports.values()), notes=notes)
