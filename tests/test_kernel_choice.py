@@ -288,18 +288,23 @@ def test_measure_takes_only_rules_whose_onnxruntime_fusion_can_be_stopped() -> N
         FuseConfig(rules=["layernorm", "skip_layernorm"], measure=["bias_gelu"])
 
 
-def test_a_measured_choice_is_cached_per_thread_count(tmp_path: Path) -> None:
+def test_timed_choices_are_cached_per_thread_count(tmp_path: Path) -> None:
+    """Fuse's kernel choice and the CPU hybrid's ladder are timed: a cached choice holds for its thread count and
+    benchmark settings only. Passes that time nothing keep the key as before."""
     from conftest import mlp_recipe, write_recipe
 
     from optimizer.recipe.loading import load_recipe
     from passes.fuse import FuseConfig, FusePass
+    from passes.quantize import QuantizeConfig, QuantizePass
 
-    def extras(threads: int, measure: list[str]) -> Any:
-        recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(target={"threads": threads})))
-        return FusePass(FuseConfig(measure=measure)).key_extras(recipe)
+    def recipe(threads: int) -> Any:
+        return load_recipe(write_recipe(tmp_path, mlp_recipe(target={"threads": threads})))
 
-    assert extras(1, []) is None  # nothing timed: the key as before
-    assert extras(1, ["skip_layernorm"]) != extras(2, ["skip_layernorm"])
+    fuse, plain = FusePass(FuseConfig(measure=["skip_layernorm"])), FusePass(FuseConfig())
+    hybrid, dynamic = QuantizePass(QuantizeConfig(mode="hybrid")), QuantizePass(QuantizeConfig(mode="int8_dynamic"))
+    assert plain.key_extras(recipe(1)) is None and dynamic.key_extras(recipe(1)) is None
+    assert fuse.key_extras(recipe(1)) != fuse.key_extras(recipe(2))
+    assert hybrid.key_extras(recipe(1)) != hybrid.key_extras(recipe(2))
 
 
 def test_later_ort_session_adds_to_the_fusions_fuse_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,6 +128,12 @@ class PassContext:
         return [feed for sf in self.feeds for feed in sf.samples]
 
 
+def timing_key(recipe: Recipe) -> dict[str, Any]:
+    """The cache-key part of a pass whose choices are timed (fuse's kernel choice, the hybrid's ladder): a choice
+    holds for the target (threads) and benchmark settings it was timed with."""
+    return {"target": recipe.target.model_dump(mode="json"), "benchmark": recipe.benchmark.model_dump(mode="json")}
+
+
 @dataclass(frozen=True)
 class PassResult:
     artifact: Artifact

@@ -120,12 +120,10 @@ class FusePass(Pass):
 
     def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
         """A kernel choice holds for the threads and benchmark settings it was measured with."""
-        from optimizer.runtime.threads import target_threads
+        from optimizer.core.pass_base import timing_key
 
         cfg: FuseConfig = self.config  # type: ignore[assignment]
-        if not cfg.measure:
-            return None
-        return {"threads": target_threads(recipe), "benchmark": recipe.benchmark.model_dump(mode="json")}
+        return timing_key(recipe) if cfg.measure else None
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnx_graphsurgeon as gs

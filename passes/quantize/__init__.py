@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
-from optimizer.recipe.schema import recipe_metric
+from optimizer.recipe.schema import Recipe, recipe_metric
 from passes.quantize.modes import DEFAULT_OPS
 from passes.quantize.weight_only import WeightOnlySettings
 
@@ -108,6 +108,14 @@ class QuantizePass(Pass):
     version = 4
     requires = ("onnxruntime",)
     handles_generation = True
+
+    def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The CPU hybrid times its ladder and candidates: its choice holds for those settings (the GPU hybrid's
+        choice is untimed)."""
+        from optimizer.core.pass_base import timing_key
+
+        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        return timing_key(recipe) if cfg.mode == "hybrid" and recipe.target.device == "cpu" else None
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
