@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
 from optimizer.core.artifact import Artifact
-from optimizer.measure.harness import interleaved_rounds
-from optimizer.measure.stats import Speedup, speedup
+from optimizer.measure.harness import instance_for, time_sequence, warm_up_all
+from optimizer.measure.stats import Speedup, instance_variance, speedup, widened
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.inputs import build_feeds
@@ -54,20 +55,56 @@ def variants_of(reports: list[dict]) -> dict[str, dict]:
     return out
 
 
+def twin_rounds(
+    sessions: dict[str, list], inputs: dict[str, list[list]], rounds: int, iterations: int
+) -> tuple[dict[str, list[list[float]]], dict[str, list[int]]]:
+    """Every variant timed in turns, round by round (order flipped every round), each taking its sessions in
+    turn by pairs of rounds as the harness does (the FP32 session on the parent's schedule, the others on the
+    child's): variant -> rounds of latencies, and the session each round used."""
+    for name, twins in sessions.items():
+        for k, s in enumerate(twins):
+            warm_up_all(s, inputs[name][k], 2)
+    timed: dict[str, list[list[float]]] = {n: [] for n in sessions}
+    used: dict[str, list[int]] = {n: [] for n in sessions}
+    order = list(sessions)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            k = instance_for(r, name != FP32, len(sessions[name]), len(sessions[name]))
+            seq = [inputs[name][k][(r * iterations + i) % len(inputs[name][k])] for i in range(iterations)]
+            time.sleep(0.05)  # settles the switch, as in the harness
+            sessions[name][k].run(seq[0])
+            timed[name].append(time_sequence(sessions[name][k], seq))
+            used[name].append(k)
+    return timed, used
+
+
+def with_spread(parent: str, child: str, timed: dict, used: dict) -> Speedup:
+    """The ratio with its in-run interval widened by the spread between sessions of one artifact."""
+    s = speedup(timed[parent], timed[child])
+    spread = instance_variance(timed[parent], timed[child], used[parent], used[child])
+    if spread is None:
+        return s
+    low, high, verdict = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df)
+    return Speedup(s.ratio, low, high, verdict)
+
+
 def bench_scenario(
-    recipe: Recipe, variants: dict[str, dict], scenario: str, rounds: int, iterations: int, metric: str
+    recipe: Recipe, variants: dict[str, dict], scenario: str, rounds: int, iterations: int, metric: str,
+    instances: int,
 ) -> None:
     feeds = build_feeds(recipe, recipe.accuracy.samples).by_scenario[scenario]
     with ExitStack() as stack:
         sessions = {
-            v: stack.enter_context(OrtRunner(Artifact.from_json(st["artifact"]), recipe).load())
+            v: [stack.enter_context(OrtRunner(Artifact.from_json(st["artifact"]), recipe).load())
+                for _ in range(instances)]
             for v, st in variants.items()
         }
-        inputs = {v: [s.prepare(f) for f in feeds.samples] for v, s in sessions.items()}
-        timed = interleaved_rounds(sessions, inputs, rounds, iterations)
+        inputs = {v: [[s.prepare(f) for f in feeds.samples] for s in twins] for v, twins in sessions.items()}
+        timed, used = twin_rounds(sessions, inputs, rounds, iterations)
     print(
         f"\n## {scenario}: {len(feeds.samples)} inputs timed in turn, {rounds} interleaved rounds x {iterations} "
-        f"calls; accuracy = {metric} on kept positions vs stage 0 (held-out sentences)\n"
+        f"calls, {instances} sessions a variant taken in turn (intervals widened by their spread); accuracy = "
+        f"{metric} on kept positions vs stage 0 (held-out sentences)\n"
     )
     print("| variant | P50 ms | vs fp32 ort_session (95% CI) | vs export (95% CI) | accuracy (worst / mean) | "
           "pooled cosine | budget |")  # fmt: skip
@@ -76,7 +113,7 @@ def bench_scenario(
     for v, st in variants.items():
         rounds_v = timed[v]
         p50 = sorted(x for r in rounds_v for x in r)[len(rounds_v) * iterations // 2]
-        s, e = speedup(timed[FP32], rounds_v), speedup(timed[EXPORT], rounds_v)
+        s, e = with_spread(FP32, v, timed, used), with_spread(EXPORT, v, timed, used)
         acc = next(iter(st["metrics"]["accuracy"].values()))
         ok = st["metrics"]["within_budget"]
         print(
@@ -105,6 +142,7 @@ def main() -> None:
     ap.add_argument("--scenario", action="append", help="repeat for several (default: b1-s128 and b1-s512)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--instances", type=int, default=2, help="sessions a variant, taken in turn (1: one each)")
     args = ap.parse_args()
     reports = [json.loads((r / "report.json").read_text()) for r in args.runs]
     first = reports[0]
@@ -112,7 +150,7 @@ def main() -> None:
     variants = variants_of(reports)
     metric = first["settings"].get("accuracy_metric", "cosine")
     for scenario in args.scenario or ["b1-s128", "b1-s512"]:
-        bench_scenario(recipe, variants, scenario, args.rounds, args.iterations, metric)
+        bench_scenario(recipe, variants, scenario, args.rounds, args.iterations, metric, max(1, args.instances))
     for i, rep in enumerate(reports, 1):
         print(f"\nrun {i} ({rep['run_dir']}): best = {rep['best']['why']}")
 
