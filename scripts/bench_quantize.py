@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
 from optimizer.core.artifact import Artifact
-from optimizer.measure.harness import instance_for, time_sequence, warm_up_all
+from optimizer.measure.harness import interleaved_twin_rounds
 from optimizer.measure.stats import Speedup, instance_variance, speedup, widened
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import Recipe
@@ -55,29 +54,6 @@ def variants_of(reports: list[dict]) -> dict[str, dict]:
     return out
 
 
-def twin_rounds(
-    sessions: dict[str, list], inputs: dict[str, list[list]], rounds: int, iterations: int
-) -> tuple[dict[str, list[list[float]]], dict[str, list[int]]]:
-    """Every variant timed in turns, round by round (order flipped every round), each taking its sessions in
-    turn by pairs of rounds as the harness does (the FP32 session on the parent's schedule, the others on the
-    child's): variant -> rounds of latencies, and the session each round used."""
-    for name, twins in sessions.items():
-        for k, s in enumerate(twins):
-            warm_up_all(s, inputs[name][k], 2)
-    timed: dict[str, list[list[float]]] = {n: [] for n in sessions}
-    used: dict[str, list[int]] = {n: [] for n in sessions}
-    order = list(sessions)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            k = instance_for(r, name != FP32, len(sessions[name]), len(sessions[name]))
-            seq = [inputs[name][k][(r * iterations + i) % len(inputs[name][k])] for i in range(iterations)]
-            time.sleep(0.05)  # settles the switch, as in the harness
-            sessions[name][k].run(seq[0])
-            timed[name].append(time_sequence(sessions[name][k], seq))
-            used[name].append(k)
-    return timed, used
-
-
 def with_spread(parent: str, child: str, timed: dict, used: dict) -> Speedup:
     """The ratio with its in-run interval widened by the spread between sessions of one artifact."""
     s = speedup(timed[parent], timed[child])
@@ -100,7 +76,7 @@ def bench_scenario(
             for v, st in variants.items()
         }
         inputs = {v: [[s.prepare(f) for f in feeds.samples] for s in twins] for v, twins in sessions.items()}
-        timed, used = twin_rounds(sessions, inputs, rounds, iterations)
+        timed, used = interleaved_twin_rounds(sessions, inputs, rounds, iterations, parent=FP32)
     print(
         f"\n## {scenario}: {len(feeds.samples)} inputs timed in turn, {rounds} interleaved rounds x {iterations} "
         f"calls, {instances} sessions a variant taken in turn (intervals widened by their spread); accuracy = "

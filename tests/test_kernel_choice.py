@@ -175,27 +175,10 @@ def test_triton_config_says_which_fusions_it_cannot_disable() -> None:
 def test_an_ort_session_stage_can_disable_onnxruntime_fusions(tmp_path: Path) -> None:
     """For graphs the fuse pass does not rewrite (a generation artifact's prefill and decode graphs), the same
     choice is an ort_session stage: ORT's fusion off, timed against its parent like any setting."""
-    from conftest import FAST_BENCH, write_recipe
-
-    from optimizer.engine.pipeline import Pipeline
-    from optimizer.recipe.loading import load_recipe
-
-    data = {
-        "name": "no-skip-ln",
-        "model": {"source": "hf_config", "architecture": "bert", "config": TINY},
-        "inputs": BERT_INPUTS,
-        "outputs": ["last_hidden_state"],
-        "scenarios": [{"name": "b2-s16", "batch": 2, "seq": 16}],
-        "target": {"threads": 1},
-        "benchmark": FAST_BENCH,
-        "accuracy": {"samples": 2},
-        "passes": [
-            {"type": "export"},
-            {"type": "ort_session"},
-            {"type": "ort_session", "name": "no_skip_ln", "config": {"disabled_optimizers": ["SkipLayerNormFusion"]}},
-        ],
-    }
-    records = {r.name: r for r in Pipeline(load_recipe(write_recipe(tmp_path, data)), tmp_path / "o").execute()}
+    no_skip = {"type": "ort_session", "name": "no_skip_ln", "from": "ort_session",
+               "config": {"disabled_optimizers": ["SkipLayerNormFusion"]}}
+    bert = {"source": "hf_config", "architecture": "bert", "config": TINY}
+    records = compile_stages(tmp_path, bert, BERT_INPUTS, extra_passes=[no_skip], ort_session=True)
     assert "com.microsoft.SkipLayerNormalization" in records["ort_session"].notes["ort_optimized_graph"]["op_types"]
     stage = records["no_skip_ln"]
     assert stage.artifact.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
@@ -234,11 +217,12 @@ def test_the_rule_of_choice(
     monkeypatch.setattr(kernel_choice, "kernel_cost", lambda a, b, ctx: cost)
     built = Artifact("onnx", Path("with.onnx"))
     rules = ["layernorm", "skip_layernorm"]
-    keep, chosen, choices = kernel_choice.choose_kernels(
+    chosen, choices = kernel_choice.choose_kernels(
         rules, ["skip_layernorm"], {"skip_layernorm": 3}, built, lambda r, name: Artifact("onnx", Path(name)),
         FakeCtx(verdict, ratio),  # type: ignore[arg-type]
     )
-    assert choices[0].kept is kept and (keep == rules) is kept and (chosen is built) is kept
+    assert choices[0].kept is kept and (chosen is built) is kept
+    assert chosen.path == (Path("with.onnx") if kept else Path("without_skip_layernorm"))
     if not kept:
         assert chosen.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
 
@@ -261,18 +245,23 @@ def test_two_rules_left_out_accumulate_and_a_rule_that_cannot_be_timed_is_kept(
     rules = ["skip_layernorm", "bias_gelu"]
     fused = {"skip_layernorm": 2, "bias_gelu": 2}
 
+    asked: list[list[str]] = []
+
     def build(r: list[str], name: str) -> Artifact:
+        asked.append(r)
         return Artifact("onnx", Path(name))
 
-    keep, chosen, _ = kernel_choice.choose_kernels(
+    chosen, _ = kernel_choice.choose_kernels(
         rules, rules, fused, Artifact("onnx", Path("w.onnx")), build, FakeCtx("within noise", 1.05)  # type: ignore[arg-type]
     )
-    assert keep == [] and chosen.runtime["disabled_optimizers"] == ["SkipLayerNormFusion", "BiasGeluFusion"]
+    assert asked == [["bias_gelu"], []]  # the second trial starts from the graph the first left
+    assert chosen.path == Path("without_bias_gelu")
+    assert chosen.runtime["disabled_optimizers"] == ["SkipLayerNormFusion", "BiasGeluFusion"]
     built = Artifact("onnx", Path("w.onnx"))
-    keep, chosen, choices = kernel_choice.choose_kernels(
+    chosen, choices = kernel_choice.choose_kernels(
         rules, ["skip_layernorm"], fused, built, build, RaisingCtx("faster", 2.0)  # type: ignore[arg-type]
     )
-    assert keep == rules and chosen is built and choices[0].kept
+    assert chosen is built and choices[0].kept
     assert choices[0].to_json()["line"] == "skip_layernorm: kept; not measured: without.onnx: onnxruntime cannot " \
         "load it: bad graph"
 
@@ -334,3 +323,32 @@ def test_compare_times_a_stage_with_the_fusions_its_run_disabled(tmp_path: Path)
     session = recipe.passes[0]
     assert session.type == "ort_session" and session.config["disabled_optimizers"] == ["SkipLayerNormFusion"]
     assert any("SkipLayerNormFusion disabled" in n for n in notes)
+
+
+def test_kernel_cost_reads_onnxruntimes_own_profile(tmp_path: Path) -> None:
+    """The real profile: op types named as ORT's profile names them (no domain), counted where the two graphs
+    differ, and a time for each side."""
+    from types import SimpleNamespace
+
+    from conftest import mlp_recipe, write_recipe
+    from fusion_helpers import fuse
+
+    from optimizer.core.artifact import Artifact
+    from optimizer.recipe.loading import load_recipe
+    from passes.fuse.kernel_choice import kernel_cost
+
+    plain = unfused_graph("skip_layernorm")
+    feed = {"a": np.ones((1, 4, H), np.float32), "skip": np.ones((1, 4, H), np.float32)}
+    fused, _ = fuse(plain, feed, ["skip_layernorm"])
+    onnx.save(plain, tmp_path / "without.onnx")
+    onnx.save(fused, tmp_path / "with.onnx")
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(target={"threads": 1})))
+    ctx = SimpleNamespace(feeds=[SimpleNamespace(timing=feed)], recipe=recipe)
+    level = {"graph_optimization_level": "all"}
+    cost = kernel_cost(
+        Artifact("onnx", tmp_path / "with.onnx", runtime=level),
+        Artifact("onnx", tmp_path / "without.onnx", runtime={**level, "disabled_optimizers": ["SkipLayerNormFusion"]}),
+        ctx,  # type: ignore[arg-type]
+    )
+    assert cost is not None and cost.op_types == ["Add", "LayerNormalization", "SkipLayerNormalization"]
+    assert cost.with_rule_ms > 0 and cost.without_rule_ms > 0

@@ -80,3 +80,25 @@ def test_budget_verdict() -> None:
     assert not ok and "0.985 < 0.99" in why
     ok, _ = budget_verdict(acc, AccuracyBudget(metric="max_abs", max=0.5))
     assert ok
+
+
+def test_interleaved_twin_rounds_take_each_session_in_turn() -> None:
+    """Scripts' side-by-side timing with two sessions a name: each session used evenly, the parent on its own
+    schedule so that every pairing of the parent's and a child's sessions occurs; one session a name is the
+    plain interleaved_rounds."""
+    from optimizer.measure.harness import interleaved_rounds, interleaved_twin_rounds
+
+    class Counting:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def run(self, prepared: object) -> None:
+            self.calls += 1
+
+    sessions = {"p": [Counting(), Counting()], "c": [Counting(), Counting()]}
+    timed, used = interleaved_twin_rounds(sessions, {n: [[0], [0]] for n in sessions}, 8, 3, parent="p")
+    assert [len(r) for r in timed["c"]] == [3] * 8
+    assert used["c"].count(0) == used["c"].count(1) == 4 and used["p"].count(0) == used["p"].count(1) == 4
+    assert set(zip(used["p"], used["c"], strict=True)) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    one = interleaved_rounds({"a": Counting()}, {"a": [0]}, 4, 2, settle_ms=0)  # type: ignore[dict-item]
+    assert [len(r) for r in one["a"]] == [2] * 4

@@ -187,17 +187,37 @@ def interleaved_rounds(
 ) -> dict[str, list[list[float]]]:
     """Several sessions timed in turns, round by round (order flipped every round), each round running the same
     inputs (cycled) on every session, for side-by-side comparisons in scripts: session -> rounds of latencies."""
-    for name, session in sessions.items():
-        warm_up_all(session, inputs[name], 2)
+    twins = {name: [s] for name, s in sessions.items()}
+    return interleaved_twin_rounds(twins, {n: [x] for n, x in inputs.items()}, rounds, iterations, None, settle_ms)[0]
+
+
+def interleaved_twin_rounds(
+    sessions: dict[str, list[Session]],
+    inputs: dict[str, list[list[Any]]],
+    rounds: int,
+    iterations: int,
+    parent: str | None = None,
+    settle_ms: float = 50.0,
+) -> tuple[dict[str, list[list[float]]], dict[str, list[int]]]:
+    """interleaved_rounds where each name has several sessions of one artifact (inputs prepared per session),
+    taken in turn by pairs of rounds as `measure` takes twins (`parent` on the parent's schedule, the others on
+    the child's): name -> rounds of latencies, and name -> the session each round used (for instance_variance)."""
+    for name, twins in sessions.items():
+        for k, session in enumerate(twins):
+            warm_up_all(session, inputs[name][k], 2)
     out: dict[str, list[list[float]]] = {name: [] for name in sessions}
+    used: dict[str, list[int]] = {name: [] for name in sessions}
     order = list(sessions)
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
-            seq = [inputs[name][(r * iterations + i) % len(inputs[name])] for i in range(iterations)]
+            k = instance_for(r, name != parent, len(sessions[name]), len(sessions[name]))
+            prepared = inputs[name][k]
+            seq = [prepared[(r * iterations + i) % len(prepared)] for i in range(iterations)]
             time.sleep(settle_ms / 1000)  # settles the switch, as in `measure`
-            sessions[name].run(seq[0])
-            out[name].append(time_sequence(sessions[name], seq))
-    return out
+            sessions[name][k].run(seq[0])
+            out[name].append(time_sequence(sessions[name][k], seq))
+            used[name].append(k)
+    return out, used
 
 
 def interleaved_p50(

@@ -54,9 +54,10 @@ class FuseConfig(PassConfig):
     min_cosine: float = Field(default=0.99999, description="reject the fused graph below this cosine vs its input")
     measure: list[Literal[RULE_NAMES]] = Field(  # type: ignore[valid-type]
         default_factory=list,
-        description="rules whose fused kernels are timed on the target (the graph without each against the graph "
-        "with it, the recipe's first scenario): a rule is left out when the graph without it is measured faster, "
-        "and ONNX Runtime's own fusion of the same pattern is then disabled in the runtime (disabled_optimizers)",
+        description="rules whose fused kernels are measured on a cpu target (ORT's profile of the graph with and "
+        "without each, and the two graphs timed interleaved, on the recipe's first scenario): a rule whose kernels "
+        "cost more than the ops they replace is left out, and ONNX Runtime's own fusion of the same pattern is then "
+        "disabled in the runtime (disabled_optimizers); see passes/fuse/kernel_choice.py",
     )
 
     @model_validator(mode="after")
@@ -157,7 +158,9 @@ class FusePass(Pass):
                 raise PassError(f"probe run of the input graph failed: {e2}") from e2
         rctx = RuleContext(target, opset, feed, values)
 
-        def build(rules: list[str], folder: Path) -> tuple[Artifact, dict[str, RuleReport], Counter[str], int]:
+        made: dict[Path, tuple[dict[str, RuleReport], Counter[str], int]] = {}  # model path -> its build's account
+
+        def build(rules: list[str], folder: Path) -> Artifact:
             graph = gs.import_onnx(source_model)
             name_nodes(graph)
             reports = apply_rules(graph, rules, rctx)
@@ -168,30 +171,30 @@ class FusePass(Pass):
             folder.mkdir(parents=True, exist_ok=True)
             external = onnx_io.save(model, folder / "model.onnx")
             out = artifact.derive(path=folder / "model.onnx", external_data=external)
-            return out, reports, Counter(n.op for n in graph.nodes), ir_version
+            made[out.path] = (reports, Counter(n.op for n in graph.nodes), ir_version)
+            return out
 
-        out, reports, after, ir_version = build(list(cfg.rules), ctx.stage_dir)
+        out = build(list(cfg.rules), ctx.stage_dir)
         choices: list[KernelChoice] = []
-        if cfg.measure and ctx.recipe.target.device != "cpu":
-            notes_extra = {"kernel_choice_skipped": f"measure: the kernel choice is measured on a cpu target only "
-                           f"(this recipe's target is {ctx.recipe.target.device}): every rule kept"}
-        else:
-            notes_extra = {}
-        if cfg.measure and not notes_extra:
-            fused = {k: r.fused for k, r in reports.items()}
+        device = ctx.recipe.target.device
+        if cfg.measure and device == "cpu":
             trials = ctx.stage_dir / "kernel_choice"
-            keep, chosen, choices = choose_kernels(
-                list(cfg.rules), list(cfg.measure), fused, out, lambda rules, name: build(rules, trials / name)[0], ctx
+            fused = {k: r.fused for k, r in made[out.path][0].items()}
+            chosen, choices = choose_kernels(
+                list(cfg.rules), list(cfg.measure), fused, out, lambda rules, name: build(rules, trials / name), ctx
             )
-            if chosen is not out:  # written again where the stage's artifact lives, with the runtime it was timed on
-                for old in out.files():  # onnx appends to an existing external-data file: start from none
-                    old.unlink(missing_ok=True)
-                out, reports, after, ir_version = build(keep, ctx.stage_dir)
-                out = out.derive(runtime=chosen.runtime)
-                for c in choices:
-                    if not c.kept:
-                        reports[c.rule] = RuleReport(skipped=c.line())
+            if chosen is not out:  # the timed trial graph becomes the stage's, with the runtime it was timed on
+                for old in out.files():
+                    old.unlink()
+                for f in chosen.files():
+                    shutil.move(f, ctx.stage_dir / f.name)
+                made[ctx.stage_dir / "model.onnx"] = made[chosen.path]
+                out = chosen.derive(path=ctx.stage_dir / "model.onnx")
             shutil.rmtree(trials, ignore_errors=True)
+        reports, after, ir_version = made[out.path]
+        for c in choices:
+            if not c.kept:
+                reports[c.rule] = RuleReport(skipped=c.line())
         check = compare_graphs(artifact, out, ctx)
         worst = min(v["cosine"] for v in check.values()) if check else 1.0
         if worst < cfg.min_cosine:
@@ -206,7 +209,8 @@ class FusePass(Pass):
         }
         if choices:
             notes["kernel_choice"] = {c.rule: c.to_json() for c in choices}
-        notes.update(notes_extra)
+        elif cfg.measure and device != "cpu":  # the timing and the profile would not run on the target
+            notes["kernel_choice_skipped"] = f"measured on a cpu target only (this one is {device}): every rule kept"
         if ir_version != source_model.ir_version:
             notes["ir_version"] = {"input": source_model.ir_version, "output": ir_version}
         return PassResult(out, modified=any(r.fused for r in reports.values()), notes=notes)
