@@ -338,6 +338,7 @@ def test_rules_off_target_are_not_run_and_say_why(monkeypatch: pytest.MonkeyPatc
         "attention",
         "skip_layernorm",
         "bias_gelu",
+        "kv_attention",
         "conv_activation",
     ]
 

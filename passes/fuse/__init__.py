@@ -10,13 +10,16 @@ Per target: cpu uses ORT contrib kernels (Attention, SkipLayerNormalization, Bia
 cuda the same minus FusedConv (the CUDA EP fuses Conv+activation itself); tensorrt only standard ONNX ops
 (LayerNormalization, Gelu at opset >= 20, folded Conv+BN), because TensorRT cannot run com.microsoft ops
 and prefers the opset-17 LayerNormalization.
+
+On a generation artifact (prefill + decode graphs with a KV cache) only the rules declared for it run
+(kv_attention: attention over the cache -> MultiHeadAttention), and the pair is checked by greedy generation
+against its input instead (passes/fuse/generation.py).
 """
 
 from __future__ import annotations
 
 import shutil
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,13 +28,11 @@ from pydantic import Field, model_validator
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from passes.fuse.apply import apply_rules, count_fused
 from passes.fuse.rule import FUSED_OPS, RULE_NAMES, RULES, RULES_BY_NAME, FusionRule, RuleReport
 
 if TYPE_CHECKING:
-    import onnx_graphsurgeon as gs
-
     from optimizer.recipe.schema import Recipe
-    from passes.fuse.context import RuleContext
 
 __all__ = [
     "FUSED_OPS",
@@ -74,20 +75,6 @@ class FuseConfig(PassConfig):
         return self
 
 
-def apply_rules(graph: gs.Graph, names: Iterable[str], ctx: RuleContext) -> dict[str, RuleReport]:
-    """Run the named rules in order on `graph` (in place); one report per rule, in the same order."""
-    rules = [RULES_BY_NAME[n] for n in names]
-    off_target = {r.name for r in rules if not r.runs_on(ctx.target)}  # the one target check, before any rewrite
-    reports: dict[str, RuleReport] = {}
-    for rule in rules:
-        if rule.name in off_target:
-            reports[rule.name] = RuleReport(skipped=rule.skip_reason(ctx.target))
-            continue
-        reports[rule.name] = rule.apply(graph, ctx)
-        graph.cleanup().toposort()
-    return reports
-
-
 # IR version 4 (ONNX 1.4, with opset 9) is the first where an initializer need not also be a graph input.
 IR_INITIALIZERS_APART = 4
 
@@ -105,19 +92,16 @@ def valid_ir_version(model: Any) -> int:
     return int(model.ir_version)
 
 
-def count_fused(before: Counter[str], after: Counter[str]) -> dict[str, int]:
-    """Count of each op type some rule emits, where the graph has more of it than before."""
-    return {op: after[op] for op in FUSED_OPS if after[op] > before.get(op, 0)}
-
-
 class FusePass(Pass):
     name = "fuse"
     summary = "our fusion rules: attention+QKV merge, LayerNorm/SkipLayerNorm, GELU/BiasGelu, Gemm, Conv+BN/act"
     Config = FuseConfig
     consumes = frozenset({"onnx"})
-    # 2: an IR-3 input's fused graph is written at IR 4 (valid without its weights as inputs); 3: kernel choice
-    version = 3
+    # 2: an IR-3 input's fused graph is written at IR 4 (valid without its weights as inputs); 3: kernel choice;
+    # 4: generation artifacts (kv_attention)
+    version = 4
     requires = ("onnx_graphsurgeon", "onnxruntime")
+    handles_generation = True  # the rules declared for KV-cache graphs (passes/fuse/generation.py)
 
     def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
         """A kernel choice holds for the threads and benchmark settings it was measured with."""
@@ -125,6 +109,17 @@ class FusePass(Pass):
 
         cfg: FuseConfig = self.config  # type: ignore[assignment]
         return timing_key(recipe) if cfg.measure else None
+
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        reason = super().skip_reason(artifact, ctx)
+        if reason is not None or not artifact.decode:
+            return reason
+        cfg: FuseConfig = self.config  # type: ignore[assignment]
+        target = ctx.recipe.target.device if cfg.target == "auto" else cfg.target
+        if not any(RULES_BY_NAME[r].generation and RULES_BY_NAME[r].runs_on(target) for r in cfg.rules):
+            able = [f"{r.name} ({'/'.join(sorted(r.targets))})" for r in RULES if r.generation]
+            return f"no rule in rules fuses generation graphs on target {target}; those that do: {', '.join(able)}"
+        return None
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         import onnx_graphsurgeon as gs
@@ -138,6 +133,10 @@ class FusePass(Pass):
 
         cfg: FuseConfig = self.config  # type: ignore[assignment]
         target = ctx.recipe.target.device if cfg.target == "auto" else cfg.target
+        if artifact.decode:
+            from passes.fuse.generation import fuse_generation
+
+            return fuse_generation(artifact, ctx, list(cfg.rules), cfg.min_cosine, target)
         assert artifact.path is not None
         source_model = onnx_io.load(artifact.path)
         graph = gs.import_onnx(source_model)

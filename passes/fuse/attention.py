@@ -163,7 +163,9 @@ def _key(t: gs.Tensor) -> tuple[Projection, gs.Tensor | None]:
     raise Decline("could not trace K^T back to a key projection")
 
 
-def _match(softmax: gs.Node) -> Block:
+def split_scores(softmax: gs.Node) -> tuple[gs.Tensor, gs.Tensor, gs.Tensor | None, float]:
+    """softmax(scale Q K^T + M) -> (the Q operand, the K^T operand, M or None, scale), with the scale peeled off
+    the scores and off both operands (SDPA splits it over Q and K^T)."""
     axis = int(softmax.attrs.get("axis", -1))
     if axis not in (-1, 3):
         raise Decline(f"softmax axis is {axis}, not the last")
@@ -183,6 +185,11 @@ def _match(softmax: gs.Node) -> Block:
         raise Decline("softmax input is not Q K^T")
     q_t, q_scale = _strip_scale(qk.inputs[0])
     k_t, k_scale = _strip_scale(qk.inputs[1])
+    return q_t, k_t, mask, scale * q_scale * k_scale
+
+
+def _match(softmax: gs.Node) -> Block:
+    q_t, k_t, mask, scale = split_scores(softmax)
     q = _heads(q_t, [0, 2, 1, 3])
     k, k_heads = _key(k_t)
     # Output side: optional NaN guard, then P V, Transpose back, Reshape to [B, S, E].
@@ -203,7 +210,7 @@ def _match(softmax: gs.Node) -> Block:
     rs = tr.outputs[0].outputs[0] if len(tr.outputs[0].outputs) == 1 else None
     if rs is None or rs.op != "Reshape":
         raise Decline("attention output is not reshaped to [B, S, E]")
-    return Block(name_of(softmax), softmax, q, k, v, q_t, k_t, k_heads, mask, scale * q_scale * k_scale, rs)
+    return Block(name_of(softmax), softmax, q, k, v, q_t, k_t, k_heads, mask, scale, rs)
 
 
 def find_blocks(graph: gs.Graph, report: RuleReport) -> list[Block]:

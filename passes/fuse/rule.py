@@ -61,6 +61,9 @@ class FusionRule:
     # ONNX Runtime's own load-time fusions of the same pattern (its graph transformers' names): disabled in the
     # artifact's runtime when the rule is measured slower and left out, or ORT would make the fusion again.
     ort_fusions: tuple[str, ...] = ()
+    # Runs on a generation artifact's graphs (prefill + decode with their KV cache). The other rules need a probe
+    # run of the graph, which has no inputs for the cache yet.
+    generation: bool = False
 
     def runs_on(self, target: Target) -> bool:
         return target in self.targets
@@ -104,6 +107,15 @@ RULES: tuple[FusionRule, ...] = (
         "passes.fuse.gelu:fuse_bias_gelu",
         "bias-gelu: not used for target {target}",
         ort_fusions=("BiasGeluFusion",),
+    ),
+    FusionRule(
+        "kv_attention",
+        frozenset({"cpu"}),
+        ("MultiHeadAttention",),
+        "passes.fuse.kv_attention:fuse_kv_attention",
+        "kv_attention: MultiHeadAttention over a KV cache is checked on ONNX Runtime's CPU kernel only, not on "
+        "target {target}",
+        generation=True,
     ),
     FusionRule("gemm", ALL_TARGETS, ("Gemm",), "passes.fuse.gemm:fuse_gemm"),
     # Folding rewrites the Conv's constants in place: no new op type.

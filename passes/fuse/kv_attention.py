@@ -1,0 +1,193 @@
+"""Attention over a KV cache -> com.microsoft.MultiHeadAttention, in a generation artifact's graphs.
+
+A decoder layer's attention as torch.export writes it for a generation step, per layer i:
+    K_new = Transpose(Reshape(k, [B, S, H, D]), [0, 2, 1, 3]); likewise V_new and Q
+    present.i.key = Concat(past.i.key, K_new, axis=-2)       (prefill: present.i.key = K_new)
+    out = softmax(scale Q K^T + M) present.i.value, transposed back and reshaped to [B, S, E]
+where M is the additive causal + padding mask the graph builds from `attention_mask`, in some thirty shape,
+range and comparison nodes per graph, and K^T is a Reshape/Transpose chain over the whole cache.
+MultiHeadAttention(q, k, v, key_padding_mask, past_key, past_value) -> (out, present_key, present_value) with
+`unidirectional` computes the same from the [B, S, E] projections: ONNX Runtime's CPU kernel appends the new
+keys to the cache and runs the causal, padded attention in one node. On the small decode step of a generation
+most of the time was those nodes and the copies of the cache between them (gpt2-cpu: decode TPOT 0.85x).
+
+Matching starts at each `present.{i}.key` / `present.{i}.value` output (optimizer.runtime.generation's cache
+names) and walks to the P V MatMul, the Softmax and Q K^T, accepting the scale split over Q and K^T (SDPA) or
+applied to the scores. The mask M is not classified here: the rule stands for causal + padding attention (what a
+causal LM's cache graph is), and the pass checks the fused graphs end to end against their input (token
+agreement and logits cosine on the recipe's prompt) before it keeps them. Cross-attention, ALiBi or other
+biases, grouped KV heads and anything else that does not match are left as they are, with the reason per layer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from passes.fuse.attention import Decline, split_scores
+from passes.fuse.context import RuleContext
+from passes.fuse.graph import MS, const, name_of, producer, variable
+from passes.fuse.rule import RuleReport
+
+PRESENT = re.compile(r"present\.(\d+)\.key")
+
+
+@dataclass
+class CacheBlock:
+    layer: int
+    q: gs.Tensor  # [B, S, E] projections, before the split into heads
+    k: gs.Tensor
+    v: gs.Tensor
+    past_key: gs.Tensor | None  # graph inputs in a decode graph; None in prefill
+    past_value: gs.Tensor | None
+    present_key: gs.Tensor
+    present_value: gs.Tensor
+    heads: int
+    scale: float
+    out_reshapes: list[gs.Node]  # the Reshapes of the attention output to [B, S, E] (or [B*S, E])
+
+
+def _unheads(t: gs.Tensor) -> tuple[gs.Tensor, gs.Node]:
+    """t = Transpose(Reshape(x, [B, S, H, D]), [0, 2, 1, 3]): returns x ([B, S, E]) and the Reshape."""
+    tr = producer(t, "Transpose")
+    if tr is None or list(tr.attrs.get("perm", [])) != [0, 2, 1, 3]:
+        raise Decline(f"{t.name} is not Transpose(0,2,1,3) of the heads")
+    rs = producer(tr.inputs[0], "Reshape")
+    if rs is None:
+        raise Decline(f"{t.name}: no Reshape to heads before its Transpose")
+    return rs.inputs[0], rs
+
+
+def _cache_side(present: gs.Tensor, past_name: str) -> tuple[gs.Tensor, gs.Tensor | None, gs.Node]:
+    """(the new [B, S, E] projection, the past input or None, the node that made `present`)."""
+    node = producer(present)
+    if node is not None and node.op == "Concat":
+        axis = int(node.attrs.get("axis", 0))
+        if axis not in (-2, 2) or len(node.inputs) != 2 or node.inputs[0].name != past_name:
+            raise Decline(f"{present.name} is not Concat({past_name}, new, axis=-2)")
+        x, _ = _unheads(node.inputs[1])
+        return x, node.inputs[0], node
+    if node is None:
+        raise Decline(f"{present.name} has no producer")
+    x, _ = _unheads(present)
+    return x, None, node
+
+
+def _reaches(t: gs.Tensor, target: gs.Tensor, steps: int = 6) -> bool:
+    """t is target through Reshape/Transpose only (K^T as torch.export writes it for SDPA)."""
+    for _ in range(steps):
+        if t is target:
+            return True
+        node = producer(t, ("Reshape", "Transpose"))
+        if node is None:
+            return False
+        t = node.inputs[0]
+    return t is target
+
+
+def _heads(present: gs.Tensor, reshape: gs.Node) -> int:
+    """H: the cache output's static dim 1, else the head Reshape's constant shape."""
+    shape = present.shape or []
+    if len(shape) == 4 and isinstance(shape[1], int) and shape[1] > 0:
+        return int(shape[1])
+    target = const(reshape.inputs[1])
+    if target is not None and target.size == 4 and int(target[2]) > 0:
+        return int(target[2])
+    raise Decline(f"{present.name}: number of heads unknown (no static dim 1, no constant head Reshape)")
+
+
+def match_layer(graph: gs.Graph, layer: int) -> tuple[CacheBlock, list[gs.Node]]:
+    """The layer's attention, and the nodes that made its cache outputs (removed by the rewrite)."""
+    tensors = graph.tensors()
+    pk, pv = tensors[f"present.{layer}.key"], tensors[f"present.{layer}.value"]
+    k, past_k, k_node = _cache_side(pk, f"past.{layer}.key")
+    v, past_v, v_node = _cache_side(pv, f"past.{layer}.value")
+    if (past_k is None) != (past_v is None):
+        raise Decline("key and value caches differ (one has a past input, the other not)")
+    pv_mm = [n for n in pv.outputs if n.op == "MatMul" and n.inputs[1] is pv]
+    if len(pv_mm) != 1:
+        raise Decline(f"{pv.name} does not go into exactly one P V MatMul")
+    probs = pv_mm[0].inputs[0]
+    guard = producer(probs, "Where")  # SDPA's NaN guard: Where(IsNaN(p), 0, p)
+    if guard is not None and producer(guard.inputs[0], "IsNaN") is not None:
+        probs = guard.inputs[2]
+    softmax = producer(probs, "Softmax")
+    if softmax is None:
+        raise Decline("P is not a Softmax")
+    q_heads, k_t, _, scale = split_scores(softmax)  # the mask is judged end to end (module docstring)
+    if not _reaches(k_t, pk):
+        raise Decline(f"K^T is not a Reshape/Transpose chain over {pk.name}")
+    q, q_reshape = _unheads(q_heads)
+    out = pv_mm[0].outputs[0]
+    back = out.outputs[0] if len(out.outputs) == 1 else None
+    if back is not None and back.op == "Reshape":  # [B, H, S, D] kept as is by a no-op Reshape first
+        out = back.outputs[0]
+        back = out.outputs[0] if len(out.outputs) == 1 else None
+    if back is None or back.op != "Transpose" or list(back.attrs.get("perm", [])) != [0, 2, 1, 3]:
+        raise Decline("P V is not transposed back to [B, S, H, D]")
+    users = list(back.outputs[0].outputs)
+    if not users or any(u.op != "Reshape" for u in users):
+        raise Decline("attention output is not reshaped to [B, S, E]")
+    block = CacheBlock(
+        layer, q, k, v, past_k, past_v, pk, pv, _heads(pk, q_reshape), scale, users
+    )
+    return block, [k_node, v_node]
+
+
+def rewrite(graph: gs.Graph, block: CacheBlock, producers: list[gs.Node], mask: gs.Tensor | None) -> None:
+    out = variable(graph, f"mha_{block.layer}_out")
+    for rs in block.out_reshapes:  # [B, S, E] in the same element order as [B, S, H, D]
+        shape = rs.inputs[1]
+        rs.inputs.clear()
+        rs.inputs.extend([out, shape])
+    for node in producers:  # the cache outputs now come from MultiHeadAttention
+        node.outputs.clear()
+    empty = gs.Variable.empty()
+    inputs = [block.q, block.k, block.v, empty, mask if mask is not None else empty, empty]
+    if block.past_key is not None:
+        inputs += [block.past_key, block.past_value]
+    attrs = {"num_heads": block.heads, "scale": float(block.scale), "unidirectional": 1}
+    node = gs.Node(
+        "MultiHeadAttention",
+        f"MultiHeadAttention_{block.layer}",
+        attrs,
+        inputs,
+        [out, block.present_key, block.present_value],
+        domain=MS,
+    )
+    graph.nodes.append(node)
+
+
+def _padding_mask(graph: gs.Graph) -> gs.Tensor | None:
+    """int32 copy of the 2-D attention_mask input: MultiHeadAttention's key_padding_mask over past + new keys."""
+    mask = next((t for t in graph.inputs if t.name == "attention_mask"), None)
+    if mask is None or len(mask.shape or []) != 2:
+        return None
+    out = variable(graph, "attention_mask_int32", np.int32)
+    graph.nodes.append(gs.Node("Cast", "attention_mask_to_int32", {"to": 6}, [mask], [out]))
+    return out
+
+
+def fuse_kv_attention(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
+    report = RuleReport()
+    layers = sorted(int(m.group(1)) for t in graph.outputs if (m := PRESENT.fullmatch(t.name)))
+    mask: gs.Tensor | None = None
+    for layer in layers:
+        try:
+            block, producers = match_layer(graph, layer)
+        except (Decline, KeyError) as e:
+            report.misses.append(f"kv attention of layer {layer}: {e}")
+            continue
+        if mask is None:
+            mask = _padding_mask(graph)
+        rewrite(graph, block, producers, mask)
+        report.fused += 1
+        cache = "past + new keys" if block.past_key is not None else "new keys (prefill)"
+        report.details.append(
+            f"layer {layer}: {block.heads} heads, scale {block.scale:.4g}, cache {cache}, "
+            f"causal{' + padding' if mask is not None else ''} (replaced {name_of(producers[0])})"
+        )
+    return report
