@@ -70,7 +70,7 @@ def test_causal_lm_folder_is_a_generation_recipe(tmp_path: Path) -> None:
     assert [(i.name, i.range) for i in recipe.inputs] == [("input_ids", (0, 500))]
     # 1024 positions: the two 128-token presets fit, the 2048-token one does not.
     assert [s.name for s in recipe.scenarios] == ["low_latency_inference", "short_text_generation"]
-    assert stages(recipe) == ["export", "ort_session", "int8_dynamic", "no_spin", "int4_weight_only"]
+    assert stages(recipe) == ["export", "ort_session", "int8_dynamic", "no_spin", "kv_attention", "int4_weight_only"]
     assert recipe.accuracy.metric == "token_agreement"
 
 

@@ -78,6 +78,10 @@ def test_gpt2_causal_attention_fused(tmp_path: Path) -> None:
     fuse = compile_stages(tmp_path, model, BERT_INPUTS)["fuse"]
     assert fuse.notes["fused_ops"]["Attention"] == 2
     assert "mask causal+padding" in fuse.notes["rules"]["attention"]["details"][0]
+    # A forward graph (no KV cache): the generation rule does not run on it, and says so.
+    assert fuse.notes["rules"]["kv_attention"]["skipped"] == (
+        "kv_attention: runs on generation artifacts (prefill + decode graphs) only"
+    )
     assert fuse.notes["check_vs_input"]["logits"]["cosine"] > 0.99999
 
 

@@ -4,6 +4,7 @@ timed: the pipelines run unmeasured; numbers come from the graphs and greedy gen
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,8 @@ def test_every_layer_of_both_graphs_becomes_one_multihead_attention(fused: tuple
     decode_hist = onnx_io.op_histogram(kv.artifact.decode_path())
     assert decode_hist.get("Concat", 0) < onnx_io.op_histogram(export.artifact.decode_path())["Concat"] - LAYERS
     notes = kv.notes
-    assert notes["rules"]["kv_attention"]["fused"] == 2 * LAYERS and notes["fused_ops"] == {"MultiHeadAttention": 4}
+    assert notes["rules"]["kv_attention"]["fused"] == 2 * LAYERS
+    assert notes["fused_ops"] == {"MultiHeadAttention": 2 * LAYERS}  # both graphs
     decode = notes["generation"]["decode"]
     assert decode["nodes_after"] < 0.6 * decode["nodes_before"], decode
     details = notes["rules"]["kv_attention"]["details"]
@@ -64,6 +66,7 @@ def test_fused_generation_matches_the_unfused_one(fused: tuple[Any, dict[str, An
     recipe, stages = fused
     check = stages["kv"].notes["check_vs_input"]
     assert check["token_agreement"] == 1.0 and check["logits_cosine_min"] > 0.99999, check
+    assert check["padded_logits_cosine_min"] > 0.99999, check
     prompt = np.random.default_rng(3).integers(1, 300, (2, 20)).astype(np.int64)
     a = ort_generator(stages["export"].artifact, recipe, device="cpu").generate(prompt, 12)
     b = ort_generator(stages["kv"].artifact, recipe, device="cpu").generate(prompt, 12)
@@ -94,13 +97,39 @@ def test_a_layer_that_does_not_match_is_left_with_the_reason(fused: tuple[Any, d
     model = onnx_io.load(stages["export"].artifact.decode_path())
     concat = next(n for n in model.graph.node if n.op_type == "Concat" and n.output[0] == "present.0.key")
     concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
+    assert _decline(model) == ["kv attention of layer 0: present.0.key is not Concat(past.0.key, new, axis=-2)"]
+
+
+def _decline(model: Any) -> list[str]:
     graph = gs.import_onnx(model)
     name_nodes(graph)
     report = apply_rules(graph, ["kv_attention"], RuleContext("cpu", int(graph.opset), {}, {}))["kv_attention"]
     assert report.fused == LAYERS - 1
-    assert report.misses == [
-        "kv attention of layer 0: present.0.key is not Concat(past.0.key, new, axis=-2)"
+    return report.misses
+
+
+def _scores_add(model: Any) -> Any:
+    """Layer 0's Add of the mask to the scores (the Add feeding the first Softmax)."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    return made[softmax.input[0]]
+
+
+def test_a_mask_that_reads_other_inputs_or_no_mask_is_left(fused: tuple[Any, dict[str, Any]]) -> None:
+    """What the rewrite drops must be a causal + padding mask: one that reads another input by value (here the
+    token ids), or none at all (not causal), keeps its layer unfused."""
+    _, stages = fused
+    model = onnx_io.load(stages["export"].artifact.decode_path())
+    add = _scores_add(model)
+    model.graph.node.append(onnx.helper.make_node("Cast", ["input_ids"], ["ids_as_bias"], to=1))
+    add.input[1] = "ids_as_bias"  # Add(Q K^T, mask)
+    assert _decline(model) == [
+        "kv attention of layer 0: the mask reads input_ids by value (not only a 2-D attention_mask)"
     ]
+    model = onnx_io.load(stages["export"].artifact.decode_path())
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    softmax.input[0] = _scores_add(model).input[0]  # softmax(scale Q K^T), the Add left dangling
+    assert _decline(model) == ["kv attention of layer 0: no additive mask on the scores: not causal attention"]
 
 
 def test_a_wrong_rewrite_fails_the_stage_and_keeps_the_rest(
@@ -156,3 +185,17 @@ def test_llama_rotary_keys_are_left_with_the_reason(tmp_path: Path) -> None:
     assert len(misses) == 2 * LLAMA["config"]["num_hidden_layers"]
     assert misses[0] == "prefill: kv attention of layer 0: present.0.key is not Transpose(0,2,1,3) of the heads"
     assert "MultiHeadAttention" not in onnx_io.op_histogram(fuse.artifact.decode_path())
+
+
+def test_a_rewrite_that_drops_the_padding_fails_on_the_padded_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy tokens on an unpadded prompt cannot see the padding mask; the left-padded batch can."""
+    from passes.fuse import kv_attention
+
+    real = kv_attention.rewrite
+    monkeypatch.setattr(kv_attention, "rewrite", lambda graph, block, made, mask: real(graph, block, made, None))
+    _, stages = run(tmp_path, [{"type": "export"}, {"type": "fuse", "config": {"rules": ["kv_attention"]}}])
+    reason = stages["fuse"].reason or ""
+    assert stages["fuse"].status == "failed"
+    assert re.search(r"token agreement 1\.000, logits cosine 1\.0+, on a left-padded batch 0\.\d+ ", reason), reason

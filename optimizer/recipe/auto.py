@@ -178,7 +178,8 @@ def default_passes(kind: str, device: str, *, torch_source: bool = True, hf_text
             {"type": "ort_session"},
             {"type": "quantize", "name": "int8_dynamic", "config": {"mode": "int8_dynamic"}},
             {"type": "ort_session", "name": "no_spin", "from": "ort_session", "config": {"allow_spinning": False}},
-            {"type": "quantize", "name": "int4_weight_only",
+            {"type": "fuse", "name": "kv_attention", "config": {"rules": ["kv_attention"]}},
+            {"type": "quantize", "name": "int4_weight_only", "from": "no_spin",
              "config": {"mode": "weight_only", "weight_only": {"bits": 4, "block_size": 32}}},
         ]
     ort = {"type": "ort_session", **({"config": {"graph_optimization_level": "all"}} if hf_text else {})}

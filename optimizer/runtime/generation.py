@@ -150,6 +150,12 @@ class OrtGenerator:
         logits, *present = session.run(self.outputs, feed)
         return logits, present
 
+    def forward(self, ids: np.ndarray, mask: np.ndarray, cache: list[Any]) -> tuple[np.ndarray, list[Any]]:
+        """One call outside the timed loop, with the caller's attention mask (e.g. a padded batch): the prefill
+        graph when `cache` is empty, else the decode graph. Returns the last position's logits and the cache."""
+        session = self.decode if cache else self.prefill
+        return self._run(session, {"input_ids": ids, "attention_mask": mask}, cache)
+
     def generate(self, prompt: np.ndarray, new_tokens: int, keep_logits: bool = True) -> Generation:
         batch, seq = prompt.shape
         state: dict[str, Any] = {}

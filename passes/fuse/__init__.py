@@ -173,14 +173,16 @@ class FusePass(Pass):
             made[out.path] = (reports, Counter(n.op for n in graph.nodes), ir_version)
             return out
 
-        out = build(list(cfg.rules), ctx.stage_dir)
+        # Rules for generation artifacts (KV cache) do not run on a single graph: their check is a generation.
+        single = [r for r in cfg.rules if not RULES_BY_NAME[r].generation]
+        out = build(single, ctx.stage_dir)
         choices: list[KernelChoice] = []
         device = ctx.recipe.target.device
         if cfg.measure and device == "cpu":
             trials = ctx.stage_dir / "kernel_choice"
             fused = {k: r.fused for k, r in made[out.path][0].items()}
             chosen, choices = choose_kernels(
-                list(cfg.rules), list(cfg.measure), fused, out, lambda rules, name: build(rules, trials / name), ctx
+                single, list(cfg.measure), fused, out, lambda rules, name: build(rules, trials / name), ctx
             )
             if chosen is not out:  # the timed trial graph becomes the stage's, with the runtime it was timed on
                 for old in out.files():
@@ -194,6 +196,9 @@ class FusePass(Pass):
         for c in choices:
             if not c.kept:
                 reports[c.rule] = RuleReport(skipped=c.line())
+        for r in cfg.rules:
+            if RULES_BY_NAME[r].generation:
+                reports[r] = RuleReport(skipped=f"{r}: runs on generation artifacts (prefill + decode graphs) only")
         check = compare_graphs(artifact, out, ctx)
         worst = min(v["cosine"] for v in check.values()) if check else 1.0
         if worst < cfg.min_cosine:

@@ -9,14 +9,17 @@ range and comparison nodes per graph, and K^T is a Reshape/Transpose chain over 
 MultiHeadAttention(q, k, v, key_padding_mask, past_key, past_value) -> (out, present_key, present_value) with
 `unidirectional` computes the same from the [B, S, E] projections: ONNX Runtime's CPU kernel appends the new
 keys to the cache and runs the causal, padded attention in one node. On the small decode step of a generation
-most of the time was those nodes and the copies of the cache between them (gpt2-cpu: decode TPOT 0.85x).
+most of the time was those nodes and the copies of the cache between them (gpt2-cpu: TPOT 0.96 -> 0.80 ms).
 
 Matching starts at each `present.{i}.key` / `present.{i}.value` output (optimizer.runtime.generation's cache
 names) and walks to the P V MatMul, the Softmax and Q K^T, accepting the scale split over Q and K^T (SDPA) or
-applied to the scores. The mask M is not classified here: the rule stands for causal + padding attention (what a
-causal LM's cache graph is), and the pass checks the fused graphs end to end against their input (token
-agreement and logits cosine on the recipe's prompt) before it keeps them. Cross-attention, ALiBi or other
-biases, grouped KV heads and anything else that does not match are left as they are, with the reason per layer.
+applied to the scores. The mask M is not classified by value here (the probe cannot make KV-cache inputs yet):
+a layer is declined when M uses any graph input by value other than a 2-D `attention_mask` (which becomes the
+key_padding_mask), or when there is no M at all (not causal). What M computes from those (causal + padding,
+what a causal LM's cache graph builds) is then checked end to end: the pass runs the fused pair against its input
+on the recipe's prompt and on a left-padded batch (passes/fuse/generation.py) before it keeps it, so a bias the
+rewrite would drop (ALiBi, a sliding window shorter than the prompt) fails the stage. Cross-attention, grouped KV
+heads, rotated keys and anything else that does not match are left as they are, with the reason per layer.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class CacheBlock:
     present_value: gs.Tensor
     heads: int
     scale: float
+    mask: gs.Tensor  # the additive mask the rewrite replaces (causal + padding, checked end to end)
     out_reshapes: list[gs.Node]  # the Reshapes of the attention output to [B, S, E] (or [B*S, E])
 
 
@@ -61,19 +65,38 @@ def _unheads(t: gs.Tensor) -> tuple[gs.Tensor, gs.Node]:
     return rs.inputs[0], rs
 
 
-def _cache_side(present: gs.Tensor, past_name: str) -> tuple[gs.Tensor, gs.Tensor | None, gs.Node]:
-    """(the new [B, S, E] projection, the past input or None, the node that made `present`)."""
+def _cache_side(present: gs.Tensor, past_name: str) -> tuple[gs.Tensor, gs.Tensor | None, gs.Node, gs.Node]:
+    """(the new [B, S, E] projection, the past input or None, the node that made `present`, the head Reshape)."""
     node = producer(present)
     if node is not None and node.op == "Concat":
         axis = int(node.attrs.get("axis", 0))
         if axis not in (-2, 2) or len(node.inputs) != 2 or node.inputs[0].name != past_name:
             raise Decline(f"{present.name} is not Concat({past_name}, new, axis=-2)")
-        x, _ = _unheads(node.inputs[1])
-        return x, node.inputs[0], node
+        x, rs = _unheads(node.inputs[1])
+        return x, node.inputs[0], node, rs
     if node is None:
         raise Decline(f"{present.name} has no producer")
-    x, _ = _unheads(present)
-    return x, None, node
+    x, rs = _unheads(present)
+    return x, None, node, rs
+
+
+def _value_inputs(t: gs.Tensor) -> set[str]:
+    """The graph inputs t is computed from by value (a Shape node reads only its input's shape)."""
+    seen: set[int] = set()
+    found: set[str] = set()
+    stack = [t]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen or isinstance(cur, gs.Constant):
+            continue
+        seen.add(id(cur))
+        node = producer(cur)
+        if node is None:
+            if cur.name:
+                found.add(cur.name)
+        elif node.op != "Shape":
+            stack.extend(node.inputs)
+    return found
 
 
 def _reaches(t: gs.Tensor, target: gs.Tensor, steps: int = 6) -> bool:
@@ -103,8 +126,8 @@ def match_layer(graph: gs.Graph, layer: int) -> tuple[CacheBlock, list[gs.Node]]
     """The layer's attention, and the nodes that made its cache outputs (removed by the rewrite)."""
     tensors = graph.tensors()
     pk, pv = tensors[f"present.{layer}.key"], tensors[f"present.{layer}.value"]
-    k, past_k, k_node = _cache_side(pk, f"past.{layer}.key")
-    v, past_v, v_node = _cache_side(pv, f"past.{layer}.value")
+    k, past_k, k_node, k_reshape = _cache_side(pk, f"past.{layer}.key")
+    v, past_v, v_node, v_reshape = _cache_side(pv, f"past.{layer}.value")
     if (past_k is None) != (past_v is None):
         raise Decline("key and value caches differ (one has a past input, the other not)")
     pv_mm = [n for n in pv.outputs if n.op == "MatMul" and n.inputs[1] is pv]
@@ -117,10 +140,19 @@ def match_layer(graph: gs.Graph, layer: int) -> tuple[CacheBlock, list[gs.Node]]
     softmax = producer(probs, "Softmax")
     if softmax is None:
         raise Decline("P is not a Softmax")
-    q_heads, k_t, _, scale = split_scores(softmax)  # the mask is judged end to end (module docstring)
+    q_heads, k_t, mask, scale = split_scores(softmax)
+    if mask is None:
+        raise Decline("no additive mask on the scores: not causal attention")
+    by_value = _value_inputs(mask) - {"attention_mask"}
+    if by_value:
+        raise Decline(f"the mask reads {', '.join(sorted(by_value))} by value (not only a 2-D attention_mask)")
     if not _reaches(k_t, pk):
         raise Decline(f"K^T is not a Reshape/Transpose chain over {pk.name}")
     q, q_reshape = _unheads(q_heads)
+    if not (q_reshape.inputs[1] is k_reshape.inputs[1] is v_reshape.inputs[1]) and not _same_const(
+        q_reshape, k_reshape, v_reshape
+    ):
+        raise Decline("Q, K and V are split into heads by different shapes (grouped KV heads?)")
     out = pv_mm[0].outputs[0]
     back = out.outputs[0] if len(out.outputs) == 1 else None
     if back is not None and back.op == "Reshape":  # [B, H, S, D] kept as is by a no-op Reshape first
@@ -132,13 +164,18 @@ def match_layer(graph: gs.Graph, layer: int) -> tuple[CacheBlock, list[gs.Node]]
     if not users or any(u.op != "Reshape" for u in users):
         raise Decline("attention output is not reshaped to [B, S, E]")
     block = CacheBlock(
-        layer, q, k, v, past_k, past_v, pk, pv, _heads(pk, q_reshape), scale, users
+        layer, q, k, v, past_k, past_v, pk, pv, _heads(pk, q_reshape), scale, mask, users
     )
     return block, [k_node, v_node]
 
 
+def _same_const(*reshapes: gs.Node) -> bool:
+    shapes = [const(r.inputs[1]) for r in reshapes]
+    return all(s is not None for s in shapes) and all(np.array_equal(shapes[0], s) for s in shapes[1:])
+
+
 def rewrite(graph: gs.Graph, block: CacheBlock, producers: list[gs.Node], mask: gs.Tensor | None) -> None:
-    out = variable(graph, f"mha_{block.layer}_out")
+    out = variable(graph, f"mha_{block.layer}_out", block.q.dtype or np.float32)
     for rs in block.out_reshapes:  # [B, S, E] in the same element order as [B, S, H, D]
         shape = rs.inputs[1]
         rs.inputs.clear()
@@ -161,11 +198,9 @@ def rewrite(graph: gs.Graph, block: CacheBlock, producers: list[gs.Node], mask: 
     graph.nodes.append(node)
 
 
-def _padding_mask(graph: gs.Graph) -> gs.Tensor | None:
+def _padding_mask(graph: gs.Graph) -> gs.Tensor:
     """int32 copy of the 2-D attention_mask input: MultiHeadAttention's key_padding_mask over past + new keys."""
-    mask = next((t for t in graph.inputs if t.name == "attention_mask"), None)
-    if mask is None or len(mask.shape or []) != 2:
-        return None
+    mask = next(t for t in graph.inputs if t.name == "attention_mask")
     out = variable(graph, "attention_mask_int32", np.int32)
     graph.nodes.append(gs.Node("Cast", "attention_mask_to_int32", {"to": 6}, [mask], [out]))
     return out
@@ -174,14 +209,19 @@ def _padding_mask(graph: gs.Graph) -> gs.Tensor | None:
 def fuse_kv_attention(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
     layers = sorted(int(m.group(1)) for t in graph.outputs if (m := PRESENT.fullmatch(t.name)))
+    if not layers:
+        report.misses.append("no present.{i}.key outputs: no KV cache named as export writes it")
+    padded = any(t.name == "attention_mask" and len(t.shape or []) == 2 for t in graph.inputs)
     mask: gs.Tensor | None = None
     for layer in layers:
         try:
             block, producers = match_layer(graph, layer)
+            if not padded and "attention_mask" in _value_inputs(block.mask):
+                raise Decline("the mask reads attention_mask, which is not a 2-D input")
         except (Decline, KeyError) as e:
             report.misses.append(f"kv attention of layer {layer}: {e}")
             continue
-        if mask is None:
+        if mask is None and padded:
             mask = _padding_mask(graph)
         rewrite(graph, block, producers, mask)
         report.fused += 1
