@@ -151,8 +151,8 @@ class OrtGenerator:
         return logits, present
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, cache: list[Any]) -> tuple[np.ndarray, list[Any]]:
-        """One call outside the timed loop, with the caller's attention mask (e.g. a padded batch): the prefill
-        graph when `cache` is empty, else the decode graph. Returns the last position's logits and the cache."""
+        """One call with the caller's attention mask (generate's, or a padded batch's): the prefill graph when
+        `cache` is empty, else the decode graph. Returns the last position's logits and the cache."""
         session = self.decode if cache else self.prefill
         return self._run(session, {"input_ids": ids, "attention_mask": mask}, cache)
 
@@ -160,18 +160,16 @@ class OrtGenerator:
         batch, seq = prompt.shape
         state: dict[str, Any] = {}
 
-        def call(session: Any, ids: np.ndarray, length: int, cache: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-            logits, state["cache"] = self._run(
-                session, {"input_ids": ids, "attention_mask": np.ones((batch, length), np.int64)}, cache
-            )
+        def call(ids: np.ndarray, length: int, cache: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+            logits, state["cache"] = self.forward(ids, np.ones((batch, length), np.int64), cache)
             state["next"] = logits.argmax(-1)[:, None].astype(np.int64)
             return logits, state["next"][:, 0]
 
         return greedy_loop(
             batch,
             new_tokens,
-            lambda: call(self.prefill, prompt, seq, []),
-            lambda i: call(self.decode, state["next"], seq + i, state["cache"]),
+            lambda: call(prompt, seq, []),
+            lambda i: call(state["next"], seq + i, state["cache"]),
             (lambda x: x) if keep_logits else None,
         )
 

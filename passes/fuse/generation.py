@@ -101,6 +101,7 @@ def check_generation(before: Artifact, after: Artifact, ctx: PassContext) -> dic
     """The fused pair against its input: greedy tokens and logits on the first scenario's prompt, then a
     left-padded batch of two (its first row, the second with a quarter of it padded) through prefill and
     PADDED_STEPS decode steps, the lowest logits cosine of any row (the mask and the cache's padding)."""
+    from optimizer.runtime.generation import Generation
     from optimizer.runtime.runners.gen_runner import ort_generator
 
     first = next(iter(ctx.feeds))
@@ -112,17 +113,15 @@ def check_generation(before: Artifact, after: Artifact, ctx: PassContext) -> dic
     mask = np.ones_like(ids)
     mask[1, : max(1, ids.shape[1] // 4)] = 0
     caches: list[list[Any]] = [[], []]
-    worst = 1.0
+    steps: list[list[np.ndarray]] = [[], []]  # each pair's logits per call, both fed the reference's tokens
     for _ in range(1 + PADDED_STEPS):
-        logits = []
         for i, gen in enumerate(pairs):
-            out, caches[i] = gen.forward(ids, mask, caches[i])
-            logits.append(out.astype(np.float64))
-        a, b = logits
-        cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-30)
-        worst = min(worst, float(cos.min()))
-        ids = a.argmax(-1)[:, None].astype(np.int64)
+            logits, caches[i] = gen.forward(ids, mask, caches[i])
+            steps[i].append(logits)
+        ids = steps[0][-1].argmax(-1)[:, None].astype(np.int64)
         mask = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+    padded = [Generation(np.stack([x.argmax(-1) for x in s], 1), s) for s in steps]
+    worst = ctx.check(padded[0], padded[1])["logits_cosine_min"]  # the lowest of any row at any call
     return {
         "against": "the input graphs",
         "scenario": first.scenario.name,

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from passes.fuse.attention import Decline, split_scores
+from optimizer.runtime.generation import cache_names
+from passes.fuse.attention import Decline, mask_index_for, split_scores
 from passes.fuse.context import RuleContext
 from passes.fuse.graph import MS, const, name_of, producer, variable
 from passes.fuse.rule import RuleReport
@@ -50,7 +51,6 @@ class CacheBlock:
     present_value: gs.Tensor
     heads: int
     scale: float
-    mask: gs.Tensor  # the additive mask the rewrite replaces (causal + padding, checked end to end)
     out_reshapes: list[gs.Node]  # the Reshapes of the attention output to [B, S, E] (or [B*S, E])
 
 
@@ -122,12 +122,14 @@ def _heads(present: gs.Tensor, reshape: gs.Node) -> int:
     raise Decline(f"{present.name}: number of heads unknown (no static dim 1, no constant head Reshape)")
 
 
-def match_layer(graph: gs.Graph, layer: int) -> tuple[CacheBlock, list[gs.Node]]:
-    """The layer's attention, and the nodes that made its cache outputs (removed by the rewrite)."""
+def match_layer(graph: gs.Graph, layer: int, padded: bool) -> tuple[CacheBlock, list[gs.Node]]:
+    """The layer's attention, and the nodes that made its cache outputs (removed by the rewrite). `padded`: the
+    graph has a 2-D attention_mask input to pass on as the key_padding_mask."""
     tensors = graph.tensors()
-    pk, pv = tensors[f"present.{layer}.key"], tensors[f"present.{layer}.value"]
-    k, past_k, k_node, k_reshape = _cache_side(pk, f"past.{layer}.key")
-    v, past_v, v_node, v_reshape = _cache_side(pv, f"past.{layer}.value")
+    (past_key, present_key), (past_value, present_value) = cache_names(layer + 1)[2 * layer :]
+    pk, pv = tensors[present_key], tensors[present_value]
+    k, past_k, k_node, k_reshape = _cache_side(pk, past_key)
+    v, past_v, v_node, v_reshape = _cache_side(pv, past_value)
     if (past_k is None) != (past_v is None):
         raise Decline("key and value caches differ (one has a past input, the other not)")
     pv_mm = [n for n in pv.outputs if n.op == "MatMul" and n.inputs[1] is pv]
@@ -140,12 +142,15 @@ def match_layer(graph: gs.Graph, layer: int) -> tuple[CacheBlock, list[gs.Node]]
     softmax = producer(probs, "Softmax")
     if softmax is None:
         raise Decline("P is not a Softmax")
-    q_heads, k_t, mask, scale = split_scores(softmax)
+    q_heads, k_t, mask, scale = split_scores(softmax)  # what mask computes is checked end to end
     if mask is None:
         raise Decline("no additive mask on the scores: not causal attention")
-    by_value = _value_inputs(mask) - {"attention_mask"}
-    if by_value:
-        raise Decline(f"the mask reads {', '.join(sorted(by_value))} by value (not only a 2-D attention_mask)")
+    by_value = _value_inputs(mask)
+    if by_value - {"attention_mask"}:
+        others = ", ".join(sorted(by_value - {"attention_mask"}))
+        raise Decline(f"the mask reads {others} by value (not only a 2-D attention_mask)")
+    if "attention_mask" in by_value and not padded:
+        raise Decline("the mask reads attention_mask, which is not a 2-D input")
     if not _reaches(k_t, pk):
         raise Decline(f"K^T is not a Reshape/Transpose chain over {pk.name}")
     q, q_reshape = _unheads(q_heads)
@@ -164,7 +169,7 @@ def match_layer(graph: gs.Graph, layer: int) -> tuple[CacheBlock, list[gs.Node]]
     if not users or any(u.op != "Reshape" for u in users):
         raise Decline("attention output is not reshaped to [B, S, E]")
     block = CacheBlock(
-        layer, q, k, v, past_k, past_v, pk, pv, _heads(pk, q_reshape), scale, mask, users
+        layer, q, k, v, past_k, past_v, pk, pv, _heads(pk, q_reshape), scale, users
     )
     return block, [k_node, v_node]
 
@@ -198,31 +203,21 @@ def rewrite(graph: gs.Graph, block: CacheBlock, producers: list[gs.Node], mask: 
     graph.nodes.append(node)
 
 
-def _padding_mask(graph: gs.Graph) -> gs.Tensor:
-    """int32 copy of the 2-D attention_mask input: MultiHeadAttention's key_padding_mask over past + new keys."""
-    mask = next(t for t in graph.inputs if t.name == "attention_mask")
-    out = variable(graph, "attention_mask_int32", np.int32)
-    graph.nodes.append(gs.Node("Cast", "attention_mask_to_int32", {"to": 6}, [mask], [out]))
-    return out
-
-
 def fuse_kv_attention(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
     layers = sorted(int(m.group(1)) for t in graph.outputs if (m := PRESENT.fullmatch(t.name)))
     if not layers:
         report.misses.append("no present.{i}.key outputs: no KV cache named as export writes it")
-    padded = any(t.name == "attention_mask" and len(t.shape or []) == 2 for t in graph.inputs)
-    mask: gs.Tensor | None = None
+    attention_mask = next((t for t in graph.inputs if t.name == "attention_mask" and len(t.shape or []) == 2), None)
+    mask: gs.Tensor | None = None  # its int32 copy, MultiHeadAttention's key_padding_mask over past + new keys
     for layer in layers:
         try:
-            block, producers = match_layer(graph, layer)
-            if not padded and "attention_mask" in _value_inputs(block.mask):
-                raise Decline("the mask reads attention_mask, which is not a 2-D input")
+            block, producers = match_layer(graph, layer, attention_mask is not None)
         except (Decline, KeyError) as e:
             report.misses.append(f"kv attention of layer {layer}: {e}")
             continue
-        if mask is None and padded:
-            mask = _padding_mask(graph)
+        if mask is None and attention_mask is not None:
+            mask = mask_index_for(graph, attention_mask)
         rewrite(graph, block, producers, mask)
         report.fused += 1
         cache = "past + new keys" if block.past_key is not None else "new keys (prefill)"
