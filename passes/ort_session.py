@@ -9,6 +9,8 @@ The same holds for the thread pools: whether idle intra-op threads spin (`allow_
 are (`intra_op_threads`) and whether the sessions share ONNX Runtime's one process-wide pool instead of keeping
 one each (`shared_thread_pool`) are session options the stage sets, so a stage such as
 `{type: ort_session, name: no_spin, config: {allow_spinning: false}}` is timed against its parent like any pass.
+`denormal_as_zero` flushes denormal floats to zero (runtime.denormals): padded inputs' masked attention computes
+on denormals, which x86 cores run many times slower, so it is a stage too (`flush_denormals` in the main job).
 A generation artifact's two sessions (prefill and decode) both get them; the stage records what they run with
 (notes.threads: pool, intra-op threads, spinning).
 
@@ -27,6 +29,7 @@ from pydantic import Field
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError, PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.runtime.denormals import denormal_settings
 from optimizer.runtime.sessions import thread_settings
 from optimizer.runtime.threads import target_threads
 
@@ -58,6 +61,13 @@ class OrtSessionConfig(PassConfig):
         "kernel measured slower than the Add + LayerNormalization it replaces): the same choice the fuse pass's "
         "kernel choice makes, for graphs it does not rewrite; added to those the input stage disabled",
     )
+    denormal_as_zero: bool | None = Field(
+        default=None,
+        description="flush denormal floats to zero (onnxruntime's session.set_denormal_as_zero, on every thread "
+        "that runs the session): arithmetic on denormals, e.g. masked attention over padded positions, runs up "
+        "to 2x slower on x86; values below 1.2e-38 become 0; none: as the input stage has it (off unless an "
+        "earlier stage set it)",
+    )
     save_optimized: bool = True
 
 
@@ -79,7 +89,8 @@ class OrtSessionPass(Pass):
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
     # 2: a generation artifact's decode graph optimized and saved too; 3: shared_thread_pool, notes; 4: disabled
-    version = 4
+    # optimizers; 5: denormal_as_zero
+    version = 5
     requires = ("onnxruntime",)
     handles_generation = True
 
@@ -107,6 +118,7 @@ class OrtSessionPass(Pass):
         notes: dict[str, object] = {
             "session_options": runtime,
             "threads": thread_settings(out.runtime, target_threads(ctx.recipe)),
+            "denormals": denormal_settings(out.runtime),
         }
         if cfg.save_optimized:
             notes["ort_optimized_graph"] = self._optimized(model_path, "ort_optimized.onnx", out, ctx)
@@ -146,4 +158,6 @@ def session_runtime(cfg: OrtSessionConfig) -> dict[str, Any]:
         runtime["shared_thread_pool"] = cfg.shared_thread_pool
     if cfg.disabled_optimizers is not None:
         runtime["disabled_optimizers"] = list(cfg.disabled_optimizers)
+    if cfg.denormal_as_zero is not None:
+        runtime["denormal_as_zero"] = cfg.denormal_as_zero
     return runtime

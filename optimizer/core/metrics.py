@@ -170,6 +170,9 @@ class ScenarioMetrics(Facts):
     new_tokens: int | None = None
     profile: ScenarioProfile | None = None  # op types and nodes on this scenario's input (every scenario)
     tpot_vs_parent: Speedup | None = None  # generation: parent TPOT P50 / stage's, interleaved, with its interval
+    # CPU ONNX stages: the stage's P50 / the same artifact's with denormals flushed, in a short interleaved probe
+    # (measure.denormal_probe); > 1: flushing them would make it faster
+    denormal_probe: Speedup | None = None
 
 
 class OutputAccuracy(Facts):

@@ -288,6 +288,11 @@ def triton_config(
             f"# measured with onnxruntime's {names} disabled (slower kernels on the machine it was tuned on); this "
             "backend has no setting for that, so it may fuse them again at load"
         )
+    if runtime.get("denormal_as_zero"):  # ort_session's denormal_as_zero (optimizer/runtime/denormals.py)
+        lines.append(
+            "# measured with denormal floats flushed to zero (onnxruntime session.set_denormal_as_zero); this backend "
+            "documents no parameter for it, so padded requests may run slower here than the manifest's figures"
+        )
     if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/sweep.py)
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 100 }}")
     return "\n".join(lines) + "\n"

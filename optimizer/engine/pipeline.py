@@ -216,11 +216,14 @@ class Pipeline:
         if not self.measure:
             return
         from optimizer.measure.machine import calibration_ms
+        from optimizer.runtime.denormals import process_denormal_penalty
 
         path = self.run.root / "machine.json"
         data = (rd.read_json(path) or {}) if when == "after_ms" else {}
         with collect_windows() as windows, bench_slot(f"calibration {when.removesuffix('_ms')}"):
             data[when] = round(calibration_ms(), 4)
+            if when == "before_ms":  # what arithmetic on denormals costs this CPU (runtime.denormals)
+                data["denormal_penalty"] = round(process_denormal_penalty(), 2)
         data["timed_windows"] = [*data.get("timed_windows", []), *(w.to_json() for w in windows)]
         rd.write_json(path, data)
 

@@ -30,6 +30,7 @@ from optimizer.core.metrics import (
 )
 from optimizer.measure.accuracy import AccuracyMeter, mask_of, recipe_verdict
 from optimizer.measure.bench_slot import bench_slot
+from optimizer.measure.denormal_probe import probe_denormals, probe_reason
 from optimizer.measure.harness import Timed, instances_for, measure, twins_refused, warm_up_all
 from optimizer.measure.machine import LoadSampler
 from optimizer.measure.profiles import OpProfile, cuda_kernel_times, ort_op_profile, scenario_profile, torch_profile
@@ -41,10 +42,10 @@ from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 16  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle;
+MEASURE_VERSION = 17  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle;
 # 12: op-type profiles of PyTorch stages and of the prefill, kernel time per name on CUDA; 13, 14: every scenario
 # profiled, with ORT's slowest nodes by name; 15: generation stages profiled per scenario, TPOT ratio
-# interleaved; 16: twin sessions a side, the ratio's interval includes the instance spread
+# interleaved; 16: twin sessions a side, the ratio's interval includes the instance spread; 17: denormal probe
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -276,6 +277,10 @@ def measure_stage(
                     entry.instance_factor = spread.factor
             scenarios[name] = entry
         load.__exit__(None, None, None)
+        if probe_reason(artifact, recipe) is None:  # the same stage with denormals flushed, briefly, interleaved
+            progress("probing denormals", 0, 0)
+            for scen_name, vs_flushed in probe_denormals(artifact, recipe, session, feeds, prepared).items():
+                scenarios[scen_name].denormal_probe = Speedup.model_validate(vs_flushed)
         timing.close()
         progress("profiling op types", 0, 0)
         with bench_slot(f"{label} profile"):  # profiled calls are timings too

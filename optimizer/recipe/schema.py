@@ -186,6 +186,11 @@ class BenchmarkSettings(Strict):
         "keep spinning after a call, and on few cores they slow the other session's next calls (2.5x for 25-40 ms "
         "measured here)",
     )
+    denormal_probe: bool = Field(
+        default=True,
+        description="time each CPU ONNX stage once more, briefly, against itself with denormal floats flushed, and "
+        "say in the findings where that would pay (padded inputs compute on denormals; measure.denormal_probe)",
+    )
     memory: Literal["process", "inline"] = Field(
         default="process",
         description="process: peak resident set of serving the stage in a fresh process (comparable across "

@@ -17,6 +17,7 @@ from optimizer.core.metrics import BatchSweep, CudaKernels, ScenarioMetrics, Sta
 from optimizer.core.stage import StageRecord, StageReport
 from optimizer.engine.rundir import read_json, write_json, write_text
 from optimizer.measure.best import best_stage
+from optimizer.measure.denormal_probe import PENALTY_FLOOR
 from optimizer.measure.instances import stage_reports
 from optimizer.measure.machine import busy_sentence, busy_summary, window_busy
 from optimizer.recipe.schema import Recipe, recipe_dict, recipe_metric
@@ -183,9 +184,12 @@ def findings(report: RunReport) -> list[str]:
     if busy is not None:
         out.append(busy_sentence(busy.to_json()))
     by_name = {st.name: st for st in report.stages}
+    flushing = [st.name for st in report.stages if st.ok and st.artifact is not None
+                and st.artifact.runtime.get("denormal_as_zero")]
     for st in report.stages:
         label = f"{st.name} ({st.type})"
         out += _launch_findings(st, by_name.get(st.parent or ""), label)
+        out += _denormal_findings(st, label, flushing)
         for choice in (st.notes.get("kernel_choice") or {}).values():  # passes/fuse/kernel_choice.py
             if not choice.get("kept", True):
                 said = choice["line"]
@@ -247,6 +251,28 @@ def _parent_drift(st: StageReport, parent: StageReport | None, scen: str, sm: Sc
     ]
 
 
+DENORMAL_GAIN = 1.10  # a stage >= 10% faster (and beyond noise) with denormals flushed is worth a line
+
+
+def _denormal_findings(st: StageReport, label: str, flushing: list[str]) -> list[str]:
+    """Where the denormal probe (measure.denormal_probe) found the stage faster with denormals flushed: one line
+    per stage, every such scenario with its figure, and what to do about it."""
+    parts = []
+    for scen, sm in (st.metrics.scenarios if st.metrics is not None else {}).items():
+        vs = sm.denormal_probe
+        if vs is None or vs.verdict != "faster" or vs.ratio < DENORMAL_GAIN:
+            continue
+        padded = sm.inputs.padded_share if sm.inputs is not None else None
+        pad = f", {padded:.0%} of positions padding" if padded else ""
+        parts.append(f"{scen} {vs.ratio:.2f}x (CI {vs.low:.2f}-{vs.high:.2f}x{pad})")
+    if not parts:
+        return []
+    fix = (f"the run's {', '.join(flushing)} flush{'es' if len(flushing) == 1 else ''} them"
+           if flushing else "an ort_session stage with `denormal_as_zero: true` flushes them, measured as a stage")
+    return [f"{label} runs faster with denormal floats flushed to zero: {'; '.join(parts)}. It computes on "
+            f"denormal numbers (on padded inputs: the masked attention probabilities); {fix}"]
+
+
 MORE_LAUNCHES = 0.10  # a stage issuing >= 10% more kernel launches per call than its input is worth a line
 
 
@@ -294,6 +320,17 @@ def instance_line(report: RunReport) -> list[str]:
     ]
 
 
+def denormal_line(report: RunReport) -> list[str]:
+    """The legend's line on what denormal floats cost this CPU (measured at the run's start)."""
+    cal = report.machine.calibration if report.machine is not None else None
+    penalty = cal.denormal_penalty if cal is not None else None
+    if penalty is None:
+        return []
+    what = ("it handles them in hardware, so flushing them to zero gains nothing here" if penalty < PENALTY_FLOOR
+            else "padded inputs pay for it; stages are probed (findings) and `denormal_as_zero` flushes them")
+    return [f"- denormal floats: this CPU multiplies them {penalty:.1f}x as slowly as normal ones; {what}."]
+
+
 def to_markdown(report: RunReport) -> str:
     r = report
     lines = [
@@ -305,6 +342,7 @@ def to_markdown(report: RunReport) -> str:
         f"- benchmark: {r.settings.benchmark}",
         "- `~1.01x`: within noise (the confidence interval of the interleaved ratio includes 1.0).",
         *instance_line(r),
+        *denormal_line(r),
         "",
     ]
     for scen in r.scenarios:

@@ -73,6 +73,8 @@ class Calibration(Facts):
     before_ms: float | None = None
     after_ms: float | None = None
     timed_windows: list[TimedWindow] | None = None  # when and where each calibration held the bench slot
+    # how many times slower this CPU multiplies denormal floats than normal ones (runtime.denormals)
+    denormal_penalty: float | None = None
 
 
 class BusySummary(Facts):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.errors import OptimizerError
+from optimizer.runtime.denormals import ORT_CONFIG_KEY, FlushingSession, settle_after_create
 
 
 def ort_session(
@@ -49,6 +50,9 @@ def ort_session(
         raise OptimizerError(f"{where}: onnxruntime cannot load it: {first}") from e
     if providers is None:
         check_providers(session, device, where)
+    if runtime.get("denormal_as_zero"):  # the calling thread flushes during this session's calls only
+        settle_after_create()
+        return FlushingSession(session)
     return session
 
 
@@ -62,7 +66,8 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
     `threads`, the target's); allow_spinning (absent or None: ORT's default, spinning on). The generation loop's
     prefill and decode sessions each get their own pools, and spinning threads of one compete with the other's
     for the cores; allow_spinning false makes idle threads sleep instead. shared_thread_pool: every session runs
-    on ONNX Runtime's one process-wide pool (see shared_pool) instead of a pool of its own."""
+    on ONNX Runtime's one process-wide pool (see shared_pool) instead of a pool of its own. denormal_as_zero:
+    denormal floats flushed to zero (runtime.denormals)."""
     import onnxruntime as ort
 
     level = runtime.get("graph_optimization_level", "disable_all")
@@ -94,6 +99,8 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
     if spinning is not None and not runtime.get("shared_thread_pool"):  # both pools; the shared one ignores it
         for key in SPIN_KEYS:
             so.add_session_config_entry(key, "1" if spinning else "0")
+    if runtime.get("denormal_as_zero"):  # the pool threads; the calling thread: denormals.FlushingSession
+        so.add_session_config_entry(ORT_CONFIG_KEY, "1")
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     return so

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.core.errors import OptimizerError
+from optimizer.runtime.denormals import denormal_settings
 from optimizer.runtime.runners.base import Runner, Session
 from optimizer.runtime.sessions import ort_session
 from optimizer.runtime.threads import target_threads
@@ -52,6 +53,7 @@ class OrtSession(Session):
             "threads": int(self.runtime.get("intra_op_threads") or self.threads),
             "allow_spinning": self.runtime.get("allow_spinning", "onnxruntime's default"),
             **({"disabled_optimizers": d} if (d := self.runtime.get("disabled_optimizers")) else {}),
+            **denormal_settings(self.runtime),
         }
 
 
