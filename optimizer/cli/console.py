@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -90,4 +91,19 @@ def summary_table(report: RunReport) -> Table | None:
         table.add_column(h, justify="left" if h == "stage" else "right")
     for row in rows:
         table.add_row(*row)
+    return table
+
+
+def scenario_best_table(report: RunReport) -> Table | None:
+    """Each scenario's fastest stage within the budget, stage 0 included ("keep PyTorch")."""
+    best = report.best
+    if best is None or not best.per_scenario:
+        return None
+    table = Table(title="best per scenario (fastest within the accuracy budget, stage 0 included)",
+                  title_justify="left", header_style="bold")
+    for h, justify in (("scenario", "left"), ("stage", "left"), ("vs stage 0 (95% CI)", "right")):
+        table.add_column(h, justify=justify)  # type: ignore[arg-type]
+    for scen, w in best.per_scenario.items():
+        name = f"{w.stage} (keep PyTorch)" if w.keep_source else w.stage
+        table.add_row(escape(scen), escape(name), f"{w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f})")
     return table

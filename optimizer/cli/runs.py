@@ -108,6 +108,8 @@ def export_(
     stage: str = typer.Option("best", "--stage", help="stage name, or best: fastest within the accuracy budget"),
     fmt: str = typer.Option("onnx", "--format", help="onnx | tensorrt | triton"),
     out_dir: Path = typer.Option(..., "--out", help="bundle folder (must be new or empty)"),
+    scenario: str | None = typer.Option(
+        None, "--scenario", help="with --stage best: the fastest stage within the budget in this scenario"),
 ) -> None:
     """Write a deployable bundle: model, manifest.json (checksums, I/O, numbers), reference inputs/outputs."""
     from optimizer.deploy.bundle import export_bundle
@@ -116,7 +118,7 @@ def export_(
     if fmt not in ("onnx", "tensorrt", "triton"):
         raise OptimizerError(f"--format: {fmt!r} is not one of onnx, tensorrt, triton")
     opts = options(ctx)
-    root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir)
+    root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir, scenario)
     opts.out.print(f"[green]exported[/] {root} ({fmt})")
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from optimizer.cli.console import stage_tables, summary_table
+from rich.markup import escape
+
+from optimizer.cli.console import scenario_best_table, stage_tables, summary_table
 from optimizer.cli.options import CliOptions
 from optimizer.engine.rundir import RunDir
 from optimizer.report.schema import RunReport
@@ -41,7 +43,13 @@ def show_report(report: RunReport, run_dir: Path, opts: CliOptions) -> None:
     for line in report.findings:
         out.print(f"[yellow]![/] {line}", highlight=False)
     if report.best is not None and report.best.stage:
-        out.print(f"[bold]best[/]: {report.best.why}", highlight=False)
+        out.print(f"[bold]best[/]: {escape(report.best.why)}", highlight=False)
+        table = scenario_best_table(report)
+        if table is not None:
+            out.print(table)
+        if report.best.advice:
+            out.print(f"[bold]per scenario[/]: {escape(report.best.advice)}; `optimizer export RUN --stage best "
+                      "--scenario NAME` exports a scenario's winner", highlight=False)
     run_id = report.history_id
     out.print(
         f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}, {run_dir / 'report.html'}  "

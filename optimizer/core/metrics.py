@@ -302,3 +302,29 @@ class BatchSweep(Facts):
     preferred_batch: int | None = None
     why: str
     timed_windows: list[TimedWindow] | None = None  # when and where the sweep held the bench slot
+
+
+class ScenarioWinner(Facts):
+    """One scenario's fastest stage within the budget, stage 0 included, against stage 0 (measure.scenario_best)."""
+
+    stage: str
+    ratio: float  # > 1: faster than stage 0 (chained interleaved ratios)
+    low: float
+    high: float
+    keep_source: bool  # the winner is stage 0: no deployable stage is faster there
+    why: str
+
+
+class ScenarioLoss(Facts):
+    """The overall best against a scenario's winner in that scenario, where it is slower beyond noise."""
+
+    scenario: str
+    winner: str
+    ratio: float  # overall best / winner: < 1
+    low: float
+    high: float
+    keep_source: bool
+
+    def sentence(self) -> str:
+        who = "stage 0 (PyTorch)" if self.keep_source else f"`{self.winner}`"
+        return f"on {self.scenario} it is {self.ratio:.2f}x {who} ({self.low:.2f}-{self.high:.2f})"

@@ -22,6 +22,7 @@ from optimizer.core.stage import StageReport
 from optimizer.deploy.generation import bench_generation, export_generation_bundle, verify_generation
 from optimizer.deploy.shared import MANIFEST, REFERENCE, bundle_session, graph_io, run_recipe
 from optimizer.measure.best import choose_stage
+from optimizer.measure.scenario_best import choose_for_scenario
 from optimizer.report.schema import RunReport
 
 # Triton's data types by ONNX TensorProto type name (Triton's model_config.proto DataType); FLOAT8 and other
@@ -47,9 +48,12 @@ TRITON_TYPES = {
 TRITON_GRAPH_LEVEL = {"disable_all": 2, "basic": -1, "extended": 1, "all": None}
 
 
-def pick_stage(report: RunReport, name: str) -> StageReport:
+def pick_stage(report: RunReport, name: str, scenario: str | None = None) -> StageReport:
     """The named stage, or "best" by the one rule (optimizer/measure/best.py): fastest within the budget by the
-    chained interleaved ratios, ties within noise broken by size."""
+    chained interleaved ratios, ties within noise broken by size; with a scenario, that scenario's winner
+    (measure.scenario_best)."""
+    if scenario is not None:
+        return choose_for_scenario(report.stages, report.scenario_names, name, scenario)
     return choose_stage(report.stages, report.scenario_names, name)
 
 
@@ -64,10 +68,10 @@ def _precision(stage: StageReport) -> dict[str, Any]:
     return {"mode": "fp32"}
 
 
-def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path) -> Path:
+def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scenario: str | None = None) -> Path:
     """Write the bundle into a staging folder beside `out` and move it into place only when it is complete, so a
-    failed export leaves nothing half-written behind."""
-    stage = pick_stage(report, stage_name)
+    failed export leaves nothing half-written behind. scenario: "best" means that scenario's winner."""
+    stage = pick_stage(report, stage_name, scenario)
     artifact = stage.artifact
     assert artifact is not None  # pick_stage takes only stages with an artifact
     if artifact.path is not None and not artifact.path.is_file():  # the run folder moved, or a relative path

@@ -136,10 +136,15 @@ def format_size(n_bytes: float) -> str:
     return f"{n_bytes / 2**20:.1f} MB" if n_bytes >= 2**20 else f"{n_bytes / 2**10:.1f} KB"
 
 
-def best_stage(stages: Sequence[StageReport], scenarios: Sequence[str]) -> tuple[StageReport | None, str]:
-    """The best stage by the rule above, and the sentence that says why."""
+def best_stage(
+    stages: Sequence[StageReport], scenarios: Sequence[str], include_source: bool = False
+) -> tuple[StageReport | None, str]:
+    """The best stage by the rule above, and the sentence that says why. include_source: stage 0 competes too
+    (the reference, within budget by definition): "keep PyTorch" is an answer for one scenario (scenario_best)."""
     source = stages[0].name
     eligible = [s for s in stages if eligibility(stages, scenarios, s) is None]
+    if include_source and stages[0].ok and stages[0].metrics is not None:
+        eligible.insert(0, stages[0])
     if not eligible:
         return None, "no stage is within the accuracy budget with a deployable artifact measured in every scenario"
     speed = {s.name: compare(stages, scenarios, s.name, source) for s in eligible}

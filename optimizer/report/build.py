@@ -20,6 +20,7 @@ from optimizer.measure.best import best_stage
 from optimizer.measure.denormal_probe import PENALTY_FLOOR
 from optimizer.measure.instances import stage_reports
 from optimizer.measure.machine import busy_sentence, busy_summary, window_busy
+from optimizer.measure.scenario_best import advice, losses, scenario_winners
 from optimizer.recipe.schema import Recipe, recipe_dict, recipe_metric
 from optimizer.report.explain import main_parts
 from optimizer.report.explain import markdown as explain_markdown
@@ -151,13 +152,25 @@ def build_report(
     sweep = read_json(out_dir / "batch_sweep.json") if recipe.batch_sweep else None
     if sweep:
         report.batch_sweep = BatchSweep.model_validate(sweep["result"])
-    best, why = best_stage(report.stages, report.scenario_names)
-    report.best = Best(stage=best.name if best else None, why=why)
+    report.best = best_with_scenarios(report)
     busy = machine_busy(report)
     if busy is not None:
         machine.busy = busy
     report.findings = findings(report)
     return report
+
+
+def best_with_scenarios(report: RunReport) -> Best:
+    """The overall best (measure.best) with each scenario's winner (stage 0 included); its sentence says where it
+    loses, beyond noise, to another stage or to stage 0, and what a deployment can do when the winners differ."""
+    stages, names = report.stages, report.scenario_names
+    best, why = best_stage(stages, names)
+    winners = scenario_winners(stages, names) if len(names) > 1 else {}
+    lost = losses(stages, best.name, winners) if best is not None else []
+    if lost:
+        why += "; but " + "; ".join(x.sentence() for x in lost)
+    return Best(stage=best.name if best else None, why=why, per_scenario=winners, losses=lost,
+                advice=advice(stages, report.scenarios, winners, lost))
 
 
 def machine_busy(report: RunReport) -> BusySummary | None:
@@ -359,6 +372,7 @@ def to_markdown(report: RunReport) -> str:
     lines += tpot_lines(r)
     if r.best is not None:
         lines += [f"**Best stage**: {r.best.why}.", ""]
+        lines += scenario_best_markdown(r)
     if len(r.scenarios) > 1:
         head, rows = scenario_summary(r)
         lines += (
@@ -397,6 +411,24 @@ def to_markdown(report: RunReport) -> str:
             lines.append(f"- pass time: {st.pass_seconds:.1f} s; benchmark time: {fmt(st.bench_seconds, '.1f')} s")
         lines.append("")
     return "\n".join(lines)
+
+
+def scenario_best_markdown(report: RunReport) -> list[str]:
+    """The per-scenario winners as a table, and the deployment advice when they differ."""
+    best = report.best
+    if best is None or not best.per_scenario:
+        return []
+    lines = ["| scenario | fastest within budget | vs stage 0 (95% CI) | note |", "|---|---|---|---|"]
+    for scen, w in best.per_scenario.items():
+        name = f"`{w.stage}` (keep PyTorch)" if w.keep_source else f"`{w.stage}`"
+        # the rule's sentence past its first clause (ties, rejections), or why PyTorch is kept
+        note = w.why if w.keep_source else (w.why.split("; ", 1)[1] if "; " in w.why else "-")
+        lines.append(f"| {scen} | {name} | {w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f}) | {note.replace('|', '/')} |")
+    lines.append("")
+    if best.advice:
+        lines += [f"**Per scenario**: the winners differ: {best.advice}. "
+                  "`optimizer export RUN --stage best --scenario NAME` exports a scenario's winner.", ""]
+    return lines
 
 
 def _metrics_lines(m: StageMetrics) -> list[str]:

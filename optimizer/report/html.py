@@ -321,6 +321,25 @@ td,th{border:1px solid #ddd;padding:3px 6px;text-align:right}td:first-child,th:f
 .findings li{color:#9b2c2c}.meta{font-size:12px;color:#555}"""
 
 
+def _code(text: str) -> str:
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(text))  # the sentences are written for markdown
+
+
+def scenario_best_table(report: RunReport) -> str:
+    """Each scenario's fastest stage within the budget (stage 0 included) and the advice when they differ."""
+    best = report.best
+    if best is None or not best.per_scenario:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_esc(scen)}</td><td><code>{_esc(w.stage)}</code>{' (keep PyTorch)' if w.keep_source else ''}"
+        f"</td><td>{w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f})</td></tr>"
+        for scen, w in best.per_scenario.items()
+    )
+    advice = f"<p><b>Per scenario</b>: {_code(best.advice)}.</p>" if best.advice else ""
+    return ("<table><tr><th>scenario</th><th>fastest within budget</th><th>vs stage 0 (95% CI)</th></tr>"
+            f"{rows}</table>{advice}")
+
+
 def to_html(report: RunReport) -> str:
     r = report
     parts = [
@@ -334,6 +353,7 @@ def to_html(report: RunReport) -> str:
     if r.best is not None and r.best.stage:
         why = re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(r.best.why))  # the sentence is written for markdown
         parts.append(f"<p><b>Best stage</b>: {why}.</p>")
+        parts.append(scenario_best_table(r))
     if r.findings:
         parts.append(
             "<h2>Findings</h2><ul class='findings'>" + "".join(f"<li>{_esc(f)}</li>" for f in r.findings) + "</ul>"

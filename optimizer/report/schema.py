@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from optimizer.core.errors import OptimizerError
-from optimizer.core.metrics import BatchSweep, Facts, TimedWindow
+from optimizer.core.metrics import BatchSweep, Facts, ScenarioLoss, ScenarioWinner, TimedWindow
 from optimizer.core.stage import StageReport
 
 SCHEMA_VERSION: Literal[2] = 2  # RunReport.schema_version below says the same
@@ -97,6 +97,11 @@ class Machine(Facts):
 class Best(Facts):
     stage: str | None  # None: no stage qualifies
     why: str
+    # measure.scenario_best: each scenario's winner (stage 0 included), where the overall best loses, and what a
+    # deployment can do when the winners differ
+    per_scenario: dict[str, ScenarioWinner] = {}
+    losses: list[ScenarioLoss] = []
+    advice: str | None = None
 
 
 class RunReport(BaseModel):

@@ -123,6 +123,24 @@ def rank(report: RunReport, weights: dict[str, float]) -> dict[str, list[dict[st
     return out
 
 
+def per_scenario_lines(report: RunReport, ranking: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per scenario: the highest score within budget by these weights, and the fastest stage within budget there
+    (stage 0 included: `export --stage best --scenario NAME` takes it)."""
+    winners = report.best.per_scenario if report.best is not None else {}
+    lines = []
+    for scen, rows in ranking.items():
+        top = next((r for r in rows if r["within_budget"]), None)
+        if top is None:
+            continue
+        line = f"{scen}: by these weights `{top['stage']}` scores highest within budget ({top['score']:.3f})"
+        w = winners.get(scen)
+        if w is not None:
+            who = f"stage 0 (keep PyTorch: `{w.stage}`)" if w.keep_source else f"`{w.stage}`"
+            line += f"; fastest within budget: {who}, {w.ratio:.2f}x stage 0 ({w.low:.2f}-{w.high:.2f})"
+        lines.append(line + ".")
+    return lines
+
+
 def recommend(report: RunReport, weights: dict[str, float]) -> tuple[str | None, list[str]]:
     """The stage to deploy (best mean score over scenarios among stages within budget) and why, in a few lines."""
     ranking = rank(report, weights)
@@ -146,6 +164,7 @@ def recommend(report: RunReport, weights: dict[str, float]) -> tuple[str | None,
     fastest, why = best_stage(report.stages, report.scenario_names)
     if fastest is not None:
         lines.append(f"Fastest within budget (what `export --stage best` and the batch sweep take): {why}.")
+    lines += per_scenario_lines(report, ranking)
     for scen, rows in ranking.items():
         r = next(r for r in rows if r["stage"] == best)
         t = r["terms"]
