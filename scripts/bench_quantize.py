@@ -20,7 +20,7 @@ from pathlib import Path
 
 from optimizer.core.artifact import Artifact
 from optimizer.measure.harness import interleaved_twin_rounds
-from optimizer.measure.stats import Speedup, instance_variance, speedup, widened
+from optimizer.measure.stats import Speedup, speedup_with_spread
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.inputs import build_feeds
@@ -54,16 +54,6 @@ def variants_of(reports: list[dict]) -> dict[str, dict]:
     return out
 
 
-def with_spread(parent: str, child: str, timed: dict, used: dict) -> Speedup:
-    """The ratio with its in-run interval widened by the spread between sessions of one artifact."""
-    s = speedup(timed[parent], timed[child])
-    spread = instance_variance(timed[parent], timed[child], used[parent], used[child])
-    if spread is None:
-        return s
-    low, high, verdict = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df)
-    return Speedup(s.ratio, low, high, verdict)
-
-
 def bench_scenario(
     recipe: Recipe, variants: dict[str, dict], scenario: str, rounds: int, iterations: int, metric: str,
     instances: int,
@@ -89,7 +79,7 @@ def bench_scenario(
     for v, st in variants.items():
         rounds_v = timed[v]
         p50 = sorted(x for r in rounds_v for x in r)[len(rounds_v) * iterations // 2]
-        s, e = with_spread(FP32, v, timed, used), with_spread(EXPORT, v, timed, used)
+        s, e = speedup_with_spread(timed, used, FP32, v), speedup_with_spread(timed, used, EXPORT, v)
         acc = next(iter(st["metrics"]["accuracy"].values()))
         ok = st["metrics"]["within_budget"]
         print(

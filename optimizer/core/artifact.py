@@ -11,14 +11,14 @@ from typing import Any, Literal
 
 from optimizer.core.errors import OptimizerError
 
-ArtifactKind = Literal["torch", "onnx", "trt_engine"]
+ArtifactKind = Literal["torch", "onnx", "trt_engine", "openvino"]
 
 
 @dataclass(frozen=True)
 class Artifact:
     """A model at one stage.
 
-    kind: how it is run (torch module, ONNX graph, TensorRT engine).
+    kind: how it is run (torch module, ONNX graph, TensorRT engine, OpenVINO IR: model.xml + model.bin).
     path: the file on disk (None for an in-memory torch source, which is rebuilt from the recipe's model).
     runtime: options the runner applies when it loads the artifact, e.g. ORT's graph_optimization_level.
       They are part of the artifact because they change what is measured: ORT's own graph optimizations

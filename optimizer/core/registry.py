@@ -18,6 +18,8 @@ PASSES: dict[str, str] = {
     "cuda_graph": "passes.cuda_graph:CudaGraphPass",
     "tensorrt": "passes.tensorrt:TensorRTPass",
     "substitute": "passes.substitute:SubstitutePass",
+    "openvino": "passes.openvino:OpenVinoPass",
+    "nncf_int8": "passes.nncf_int8:NncfInt8Pass",
 }
 
 

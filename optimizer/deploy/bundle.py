@@ -20,6 +20,7 @@ from optimizer.core.artifact import Artifact, file_sha256
 from optimizer.core.errors import OptimizerError
 from optimizer.core.stage import StageReport
 from optimizer.deploy.generation import bench_generation, export_generation_bundle, verify_generation
+from optimizer.deploy.openvino_bundle import bench_openvino, export_openvino_bundle, verify_openvino
 from optimizer.deploy.shared import MANIFEST, REFERENCE, bundle_session, graph_io, run_recipe
 from optimizer.measure.best import choose_stage
 from optimizer.measure.scenario_best import choose_for_scenario
@@ -81,8 +82,16 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
             f"--format tensorrt: stage {stage.name!r} is {artifact.kind}, not a TensorRT engine "
             "(this run has no tensorrt stage)"
         )
-    if fmt != "tensorrt" and (artifact.kind != "onnx" or artifact.path is None):
-        raise OptimizerError(f"--stage: {stage.name!r} is a {artifact.kind} artifact; export takes ONNX stages")
+    if fmt == "openvino" and artifact.kind != "openvino":
+        raise OptimizerError(
+            f"--format openvino: stage {stage.name!r} is {artifact.kind}, not an OpenVINO IR (an openvino or "
+            "nncf_int8 stage is)"
+        )
+    takes = {"onnx": ("onnx",), "triton": ("onnx", "openvino")}.get(fmt)
+    if takes is not None and (artifact.kind not in takes or artifact.path is None):
+        hint = " (--format openvino takes it)" if artifact.kind == "openvino" else ""
+        raise OptimizerError(f"--stage: {stage.name!r} is a {artifact.kind} artifact; --format {fmt} takes "
+                             f"{' or '.join(k.upper() if k == 'onnx' else 'OpenVINO' for k in takes)} stages{hint}")
     if out.exists() and not out.is_dir():
         raise OptimizerError(f"--out: {out} exists and is a file; give a new or empty folder")
     if out.exists() and any(out.iterdir()):
@@ -96,6 +105,8 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
         root.mkdir(parents=True, exist_ok=True)
         if fmt == "tensorrt":
             specific = _engine_bundle(report, stage, artifact, root)
+        elif artifact.kind == "openvino":  # --format openvino, or triton with its OpenVINO backend
+            specific = export_openvino_bundle(report, artifact, root, model_name if fmt == "triton" else None)
         elif artifact.decode:
             specific = export_generation_bundle(report, stage, artifact, fmt, root)
         else:
@@ -226,6 +237,10 @@ def _write_manifest(
             "onnxruntime_session": artifact.runtime,
             "providers": ["CPUExecutionProvider"],
             "threads": int(artifact.runtime.get("intra_op_threads") or report.settings.threads),
+        } if artifact.kind != "openvino" else {
+            "openvino": artifact.runtime,  # compile options (runtime.ov_engine), on the CPU
+            "device": "CPU",
+            "threads": int(artifact.runtime.get("intra_op_threads") or report.settings.threads),
         },
         "library_versions": report.environment.packages,
         "tuned_on": {
@@ -306,7 +321,7 @@ class _ManifestShape(BaseModel):
     """What verify relies on before it reads anything: the rest is read by the format's own check."""
 
     model_config = ConfigDict(extra="allow")
-    format: Literal["onnx", "triton", "tensorrt"]
+    format: Literal["onnx", "triton", "tensorrt", "openvino"]
     files: dict[str, str]
     model: str | None = None
 
@@ -370,6 +385,8 @@ def verify_bundle(root: Path) -> list[str]:
         return verify_generation(root, manifest)
     if manifest["format"] == "tensorrt":
         return _verify_engine(root, manifest)
+    if "openvino" in (manifest.get("runtime") or {}):  # --format openvino, or triton's OpenVINO backend
+        return verify_openvino(root, manifest)
     session = bundle_session(root, manifest)
     names = [o.name for o in session.get_outputs()]
     tol = manifest["tolerance"]
@@ -439,6 +456,9 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
     if manifest.get("workload") == "generation":
         with bench_slot(f"bench {root.name}"):  # its loading too: deploy.generation loads and times in one go
             return bench_generation(root, manifest, rounds, iterations)
+    if "openvino" in (manifest.get("runtime") or {}):
+        with bench_slot(f"bench {root.name}"):
+            return bench_openvino(root, manifest, rounds, iterations)
     session = bundle_session(root, manifest)
 
     class Bare:

@@ -133,6 +133,11 @@ def _op_profiles(
 
         runs = profile_feeds(artifact, recipe, [sf.timing for sf in feeds], runs=PROFILED_CALLS)
         out = {name: (ort_op_profile(prof), "onnxruntime") for name, prof in zip(names, runs, strict=True)}
+    if artifact.kind == "openvino":  # OpenVINO's performance counters, per layer type
+        from optimizer.runtime.runners.ov_runner import ov_profile
+
+        runs = ov_profile(artifact, recipe, [sf.timing for sf in feeds], runs=PROFILED_CALLS)
+        out = {name: (ort_op_profile(prof), "openvino") for name, prof in zip(names, runs, strict=True)}
     for name in names:
         call = prepared[name][0]
         if artifact.kind == "torch":

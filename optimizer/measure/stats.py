@@ -174,6 +174,19 @@ def widened(ratio: float, low: float, high: float, variance: float, factor: floa
     return low, high, "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
 
 
+def speedup_with_spread(
+    timed: dict[str, list[list[float]]], used: dict[str, list[int]], parent: str, child: str
+) -> Speedup:
+    """parent/child from interleaved_twin_rounds' output (rounds and the session each round used), its in-run
+    interval widened by the spread between sessions of one artifact when the rounds show it."""
+    s = speedup(timed[parent], timed[child])
+    spread = instance_variance(timed[parent], timed[child], used[parent], used[child])
+    if spread is None:
+        return s
+    low, high, verdict = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df)
+    return Speedup(s.ratio, low, high, verdict)
+
+
 def median_ci_halfwidth(samples: list[float] | np.ndarray) -> float:
     """Relative half-width of the median's distribution-free 95% interval (order statistics: ranks
     n/2 -/+ 1.96 sqrt(n)/2). Infinite with too few samples to say."""

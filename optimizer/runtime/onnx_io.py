@@ -117,6 +117,11 @@ def op_histogram(path: Path) -> dict[str, int]:
 
 
 def graph_stats(artifact: Artifact) -> dict[str, Any]:
+    if artifact.kind == "openvino" and artifact.path is not None:
+        from optimizer.runtime.ov_engine import ir_op_types
+
+        hist = ir_op_types(artifact.path)
+        return {"nodes": sum(hist.values()), "op_types": hist}
     if artifact.kind != "onnx" or artifact.path is None:
         return {}
     hist = op_histogram(artifact.path)

@@ -25,6 +25,10 @@ def runner_for(artifact: Artifact, recipe: Recipe, device: str | None = None) ->
         from optimizer.runtime.runners.trt_runner import TrtRunner
 
         return TrtRunner(artifact, recipe)
+    if artifact.kind == "openvino":
+        from optimizer.runtime.runners.ov_runner import OvRunner
+
+        return OvRunner(artifact, recipe, device)
     raise NotImplementedError(f"no runner for {artifact.kind} artifacts")
 
 
@@ -34,6 +38,11 @@ def runner_reason(artifact: Artifact, recipe: Recipe) -> str | None:
 
     if artifact.kind == "trt_engine":
         return gpu.tensorrt_reason()
+    if artifact.kind == "openvino":
+        from optimizer.runtime.ov_engine import openvino_reason
+
+        reason = openvino_reason()
+        return reason or ("OpenVINO stages run on the CPU here" if recipe.target.device != "cpu" else None)
     if recipe.target.device != "cuda":
         return None
     return gpu.ort_cuda_reason() if artifact.kind == "onnx" else gpu.cuda_reason()

@@ -1,0 +1,167 @@
+"""OpenVINO bundles (`export --format openvino`): the IR (model.xml + model.bin), its outputs on one input per
+scenario as the reference, and the compile options it was measured with; `verify` and `bench` compile it with
+those options on this machine's CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import OptimizerError
+from optimizer.deploy.shared import REFERENCE, run_recipe
+from optimizer.report.schema import RunReport
+
+MODEL = "model.xml"
+
+
+def _port(port: Any) -> dict[str, Any]:
+    shape = [str(d) if d.is_dynamic else d.get_length() for d in port.get_partial_shape()]
+    return {"name": port.get_any_name(), "dtype": port.get_element_type().get_type_name(), "shape": shape}
+
+
+def export_openvino_bundle(
+    report: RunReport, artifact: Artifact, root: Path, triton_name: str | None = None
+) -> dict[str, Any]:
+    """Copy the IR into the bundle and record its outputs on the first input of every scenario. triton_name: lay
+    it out as a Triton model repository for the OpenVINO backend (config.pbtxt, the IR under 1/)."""
+    from optimizer.runtime.inputs import build_feeds
+    from optimizer.runtime.runners.ov_runner import OvRunner
+
+    model_dir = root / "1" if triton_name else root
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for f in artifact.files():
+        shutil.copyfile(f, model_dir / (MODEL if f == artifact.path else f.name))
+    recipe = run_recipe(report)
+    arrays: dict[str, np.ndarray] = {}
+    with OvRunner(artifact.derive(path=model_dir / MODEL), recipe).load() as session:
+        for sf in build_feeds(recipe, 1, per_scenario=False):
+            scen = sf.scenario.name
+            outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
+            arrays.update({f"{scen}/in/{k}": sf.timing[k] for k in session.input_names})  # type: ignore[attr-defined]
+            arrays.update({f"{scen}/out/{n}": o for n, o in zip(session.output_names, outputs, strict=True)})
+        compiled = session.compiled  # type: ignore[attr-defined]
+        inputs, outputs_io = [_port(p) for p in compiled.inputs], [_port(p) for p in compiled.outputs]
+    np.savez(root / REFERENCE, **arrays)
+    if triton_name:
+        threads = int(artifact.runtime.get("intra_op_threads") or report.settings.threads)
+        (root / "config.pbtxt").write_text(triton_openvino_config(triton_name, inputs, outputs_io, artifact.runtime,
+                                                                  threads))
+    return {
+        "model": str((model_dir / MODEL).relative_to(root)),
+        "inputs": inputs,
+        "outputs": outputs_io,
+        # the same IR and options on the same kind of CPU: rounding differences only
+        "tolerance": {"min_cosine": 0.9999, "max_abs_relative": 1e-2},
+    }
+
+
+# OpenVINO element type names -> Triton's data types
+TRITON_OV_TYPES = {"boolean": "TYPE_BOOL", "u8": "TYPE_UINT8", "i8": "TYPE_INT8", "i32": "TYPE_INT32",
+                   "i64": "TYPE_INT64", "f16": "TYPE_FP16", "f32": "TYPE_FP32", "f64": "TYPE_FP64", "bf16": "TYPE_BF16"}
+
+
+def triton_openvino_config(
+    name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], runtime: dict[str, Any], threads: int
+) -> str:
+    """config.pbtxt for Triton's OpenVINO backend: no Triton batching (its README reports crashes in batching mode;
+    every dim as the IR has it, -1 where dynamic) and the compile options the stage was measured with, as far as
+    the backend takes them (PERFORMANCE_HINT, INFERENCE_NUM_THREADS, NUM_STREAMS, HINT_BF16)."""
+
+    def tensor(t: dict[str, Any]) -> str:
+        if t["dtype"] not in TRITON_OV_TYPES:
+            raise OptimizerError(f"--format triton: tensor {t['name']!r} has type {t['dtype']}, which Triton has no "
+                                 "type for")
+        dims = ", ".join(str(d) if isinstance(d, int) else "-1" for d in t["shape"])
+        kind = TRITON_OV_TYPES[t["dtype"]]
+        return f'  {{\n    name: {json.dumps(t["name"])}\n    data_type: {kind}\n    dims: [ {dims} ]\n  }}'
+
+    def param(key: str, value: object) -> str:
+        return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+
+    lines = [
+        f"name: {json.dumps(name)}",
+        'backend: "openvino"',
+        "max_batch_size: 0",
+        "input [\n" + ",\n".join(tensor(t) for t in inputs) + "\n]",
+        "output [\n" + ",\n".join(tensor(t) for t in outputs) + "\n]",
+        "instance_group [ { count: 1, kind: KIND_CPU } ]",
+        param("PERFORMANCE_HINT", str(runtime.get("ov_hint", "latency")).upper()),
+        param("INFERENCE_NUM_THREADS", threads),
+    ]
+    if runtime.get("ov_streams"):
+        lines.append(param("NUM_STREAMS", int(runtime["ov_streams"])))
+    precision = runtime.get("ov_precision", "default")
+    if precision == "bf16":
+        lines.append(param("HINT_BF16", "YES"))
+    elif precision == "f32":
+        lines.append("# measured with precision f32; this backend has no f32 setting (only HINT_BF16), so a CPU with "
+                     "bf16 may run it in bf16 here")
+    return "\n".join(lines) + "\n"
+
+
+def runtime_of(manifest: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    runtime = manifest.get("runtime") or {}
+    if "openvino" not in runtime or "threads" not in runtime:
+        raise OptimizerError("manifest.json: runtime.openvino and runtime.threads are required for an OpenVINO bundle")
+    return dict(runtime["openvino"]), int(runtime["threads"])
+
+
+def _session(root: Path, manifest: dict[str, Any]) -> Any:
+    from optimizer.runtime.ov_engine import compile_model, openvino_reason
+    from optimizer.runtime.runners.ov_runner import OvSession
+
+    reason = openvino_reason()
+    if reason is not None:
+        raise OptimizerError(f"{root}: {reason}")
+    runtime, threads = runtime_of(manifest)
+    return OvSession(compile_model(root / manifest["model"], runtime, threads), runtime, threads)
+
+
+def _reference_feeds(ref: Any) -> dict[str, dict[str, np.ndarray]]:
+    scenarios = sorted({k.split("/")[0] for k in ref.files})
+    return {s: {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{s}/in/")} for s in scenarios}
+
+
+def verify_openvino(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The IR's outputs on the reference inputs within the recorded tolerance."""
+    from optimizer.measure.accuracy import AccuracyMeter
+
+    session = _session(root, manifest)
+    tol = manifest["tolerance"]
+    problems = []
+    with np.load(root / REFERENCE) as ref:
+        for scen, feed in _reference_feeds(ref).items():
+            got = session.to_numpy(session.run(session.prepare(feed)))
+            names = session.output_names
+            meter = AccuracyMeter(names)
+            meter.add([ref[f"{scen}/out/{n}"] for n in names], got)
+            for n, acc in meter.per_output.items():
+                scale = float(np.max(np.abs(ref[f"{scen}/out/{n}"]))) or 1.0
+                if acc.cosine < tol["min_cosine"] or acc.max_abs > tol["max_abs_relative"] * scale:
+                    problems.append(f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
+                                    f"outside the tolerance {tol}")
+    return problems
+
+
+def bench_openvino(root: Path, manifest: dict[str, Any], rounds: int, iterations: int) -> dict[str, Any]:
+    """The IR timed per reference scenario by the harness's own loop, as compile timed it (alone)."""
+    from optimizer.measure.harness import time_calls, warm_up
+    from optimizer.measure.stats import LatencyStats
+
+    session = _session(root, manifest)
+    out = {}
+    with np.load(root / REFERENCE) as ref:
+        for scen, feed in _reference_feeds(ref).items():
+            prepared = session.prepare(feed)
+            warm_up(session, prepared, 5)
+            samples = [x for _ in range(rounds) for x in time_calls(session, prepared, iterations)]
+            out[scen] = {
+                "latency": LatencyStats.of(samples).to_json(),
+                "recorded_p50_ms": manifest["benchmark"].get(scen, {}).get("latency", {}).get("p50_ms"),
+            }
+    return out

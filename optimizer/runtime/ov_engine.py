@@ -1,0 +1,126 @@
+"""OpenVINO on the CPU: the compile settings an OpenVINO stage runs with, and what its compiled model really ran.
+
+An OpenVINO stage's artifact is an IR (model.xml + model.bin). Its runtime options, like ORT's, are part of the
+artifact (set by the `openvino` pass, so their effect is attributed to it):
+  ov_precision: default | f32 | bf16 -- OpenVINO's INFERENCE_PRECISION_HINT (default: the device's own choice,
+    bf16 on CPUs with bf16 instructions: AVX512_BF16 or AMX)
+  ov_hint: latency | throughput -- PERFORMANCE_HINT
+  ov_streams: int | None -- NUM_STREAMS (None: as the hint chooses)
+  ov_denormals: bool | None -- CPU_DENORMALS_OPTIMIZATION (None: OpenVINO's default)
+Threads come from the recipe's target (INFERENCE_NUM_THREADS). What precision ran is read back from the compiled
+model, never assumed: the hint it settled on and the runtime precision of every executed layer (a bf16 request
+on a CPU without bf16 runs f32, and INT8 layers run i8 whatever the hint).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from pathlib import Path
+from typing import Any
+
+from optimizer.core.errors import OptimizerError
+
+PRECISIONS = ("default", "f32", "bf16")
+HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
+
+
+def openvino_reason() -> str | None:
+    """Why OpenVINO stages cannot run here, or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is None:
+        return "openvino is not installed (pip install 'optimizer[openvino]')"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def core() -> Any:
+    """One OpenVINO Core per process (it holds the plugins and their caches)."""
+    import openvino as ov
+
+    return ov.Core()
+
+
+def compile_config(runtime: dict[str, Any], threads: int, profile: bool = False) -> dict[str, Any]:
+    """The CPU plugin properties of an artifact's runtime options."""
+    config: dict[str, Any] = {
+        "PERFORMANCE_HINT": HINTS[runtime.get("ov_hint", "latency")],
+        "INFERENCE_NUM_THREADS": int(runtime.get("intra_op_threads") or threads),
+    }
+    precision = runtime.get("ov_precision", "default")
+    if precision != "default":
+        config["INFERENCE_PRECISION_HINT"] = precision
+    if runtime.get("ov_streams"):
+        config["NUM_STREAMS"] = int(runtime["ov_streams"])
+    if runtime.get("ov_denormals") is not None:  # OpenVINO's own flush of denormals to zero
+        config["CPU_DENORMALS_OPTIMIZATION"] = bool(runtime["ov_denormals"])
+    if profile:
+        config["PERF_COUNT"] = True
+    return config
+
+
+def compile_model(path: Path | str, runtime: dict[str, Any], threads: int, profile: bool = False) -> Any:
+    """The compiled model on the CPU; a load failure is one line naming the file."""
+    try:
+        return core().compile_model(str(path), "CPU", compile_config(runtime, threads, profile))
+    except Exception as e:  # OpenVINO raises RuntimeError with a multi-line message
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OptimizerError(f"{path}: OpenVINO cannot compile it: {first}") from e
+
+
+def _any(value: Any) -> str:
+    return str(value.astype(str)) if hasattr(value, "astype") else str(value)
+
+
+def runtime_precisions(compiled: Any) -> dict[str, int]:
+    """Executed layers per runtime precision (the compiled model's execution graph), e.g. {"bf16": 84, "i8": 36}.
+    Inputs, outputs and constants are left out: they say nothing about the arithmetic."""
+    counts: collections.Counter[str] = collections.Counter()
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if _any(info["layerType"]) in ("Input", "Output", "Const", "Parameter", "Result"):
+            continue
+        counts[_any(info["runtimePrecision"])] += 1
+    return dict(counts.most_common())
+
+
+def precision_ran(compiled: Any, asked: str, capabilities: list[str]) -> dict[str, Any]:
+    """What a stage asked for and what ran: the hint the compiled model settled on, the layers per precision, and
+    a note when a bf16 request ran without bf16 (a CPU without it: OpenVINO falls back to f32)."""
+    value = compiled.get_property("INFERENCE_PRECISION_HINT")  # an openvino Type: "bf16", "f32", "f16"
+    hint = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
+    layers = runtime_precisions(compiled)
+    out: dict[str, Any] = {"asked": asked, "hint": hint, "layers": layers}
+    if asked == "bf16" and "bf16" not in layers:
+        out["note"] = (f"bf16 asked, but this CPU has no bf16 (OpenVINO's capabilities: {', '.join(capabilities)}): "
+                       f"ran {hint}")
+    return out
+
+
+def capabilities() -> list[str]:
+    return [str(c) for c in core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+
+
+def op_times(request: Any) -> tuple[dict[str, float], int]:
+    """Milliseconds per layer type of the last inference (OpenVINO's performance counters: PERF_COUNT), and the
+    number of layers that executed."""
+    import openvino as ov
+
+    times: collections.Counter[str] = collections.Counter()
+    executed = 0
+    for info in request.profiling_info:
+        if info.status != ov.ProfilingInfo.Status.EXECUTED:
+            continue
+        executed += 1
+        times[info.node_type] += info.real_time.total_seconds() * 1000
+    return dict(times), executed
+
+
+def ir_op_types(xml: Path | str) -> dict[str, int]:
+    """Op types of an IR as saved (before the CPU plugin's own fusions), parameters and constants left out."""
+    model = core().read_model(str(xml))
+    counts = collections.Counter(op.get_type_name() for op in model.get_ops())
+    for skip in ("Parameter", "Result", "Constant"):
+        counts.pop(skip, None)
+    return dict(counts.most_common())

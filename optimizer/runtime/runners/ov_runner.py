@@ -1,0 +1,92 @@
+"""OpenVINO runner (CPU): an IR compiled with the artifact's runtime options (runtime.ov_engine), one infer
+request per session. `run` is one synchronous inference on inputs shared with OpenVINO (no copy in the timed call);
+outputs are copied out in `to_numpy`, untimed, as for the other runtimes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.errors import OptimizerError
+from optimizer.runtime.runners.base import Runner, Session
+from optimizer.runtime.threads import target_threads
+
+
+class OvSession(Session):
+    def __init__(self, compiled: Any, runtime: dict[str, Any], threads: int) -> None:
+        self.compiled = compiled
+        self.runtime = runtime
+        self.threads = threads
+        self.request = compiled.create_infer_request()
+        self.input_names = [p.get_any_name() for p in compiled.inputs]
+        self.output_names = [p.get_any_name() for p in compiled.outputs]
+
+    def prepare(self, feed: dict[str, np.ndarray]) -> Any:
+        missing = [n for n in self.input_names if n not in feed]
+        if missing:
+            raise OptimizerError(f"inputs: the OpenVINO model needs {missing} but the recipe gives {sorted(feed)}")
+        return {n: np.ascontiguousarray(feed[n]) for n in self.input_names}
+
+    def run(self, prepared: Any) -> Any:
+        return self.request.infer(prepared, share_inputs=True, share_outputs=True)
+
+    def to_numpy(self, outputs: Any) -> list[np.ndarray]:
+        return [np.array(outputs[port]) for port in self.compiled.outputs]
+
+    def describe(self) -> dict[str, Any]:
+        import openvino as ov
+
+        from optimizer.runtime.ov_engine import capabilities, precision_ran
+
+        precision = precision_ran(self.compiled, self.runtime.get("ov_precision", "default"), capabilities())
+        return {
+            "runtime": "openvino",
+            "openvino": ov.__version__,
+            "device": "CPU",
+            "precision": precision,
+            "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")),
+            "streams": int(self.compiled.get_property("NUM_STREAMS")),
+            "threads": int(self.compiled.get_property("INFERENCE_NUM_THREADS")),
+        }
+
+
+class OvRunner(Runner):
+    def _open(self) -> Session:
+        from optimizer.runtime.ov_engine import compile_model, openvino_reason
+
+        reason = openvino_reason()
+        if reason is not None:
+            raise OptimizerError(f"{self.artifact.path}: {reason}")
+        if self.target_device != "cpu":
+            raise OptimizerError(f"{self.artifact.path}: OpenVINO stages run on the CPU here (target.device: cpu)")
+        threads = target_threads(self.recipe)
+        return OvSession(compile_model(self.artifact.path, self.artifact.runtime, threads), self.artifact.runtime,
+                         threads)
+
+
+def ov_profile(artifact: Any, recipe: Any, feeds: list[dict[str, np.ndarray]], runs: int = 10) -> list[Any]:
+    """Per feed, OpenVINO's performance counters as a RunProfile (ms per layer type per inference, median over
+    `runs` after one warm-up; layers executed): a separate compiled model with PERF_COUNT on, so the counters'
+    overhead never touches the timed sessions."""
+    from optimizer.runtime.ov_engine import compile_model, op_times
+    from optimizer.runtime.runners.ort_runner import RunProfile
+
+    compiled = compile_model(artifact.path, artifact.runtime, target_threads(recipe), profile=True)
+    request = compiled.create_infer_request()
+    names = [p.get_any_name() for p in compiled.inputs]
+    out = []
+    for feed in feeds:
+        inputs = {n: np.ascontiguousarray(feed[n]) for n in names}
+        request.infer(inputs)
+        per_run, executed = [], []
+        for _ in range(runs):
+            request.infer(inputs)
+            ops, count = op_times(request)
+            per_run.append(ops)
+            executed.append(count)
+        keys = {k for run in per_run for k in run}
+        medians = {k: float(np.median([run.get(k, 0.0) for run in per_run])) for k in keys}
+        ops = dict(sorted(medians.items(), key=lambda kv: (-kv[1], kv[0])))
+        out.append(RunProfile(ops=ops, kernels=round(float(np.median(executed)))))
+    return out

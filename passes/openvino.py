@@ -1,0 +1,106 @@
+"""OpenVINO IR for the CPU, as a stage of its own: the engine build of the CPU path, as TensorRT is the GPU's.
+
+Any ONNX stage is converted (`openvino.convert_model`, saved as model.xml + model.bin, weights kept at full
+precision) and its compile properties are the stage's runtime options (runtime.ov_engine): inference precision
+(f32, bf16, or the device's default, which is bf16 on CPUs with bf16 instructions), performance hint, streams,
+and OpenVINO's own denormal flushing; threads are the target's. Given an OpenVINO stage, only the options change
+(a `{type: openvino, name: ov_f32, from: openvino, config: {precision: f32}}` stage times one precision against
+another). The stage records what ran, read back from the compiled model: the precision hint it settled on and its
+executed layers per runtime precision, so a bf16 request on a CPU without bf16 says it ran f32.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any, Literal
+
+from pydantic import Field
+
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import OptimizerError, PassError
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.runtime.threads import target_threads
+
+IR_WEIGHTS = "model.bin"
+
+
+class OpenVinoConfig(PassConfig):
+    precision: Literal["default", "f32", "bf16"] = Field(
+        default="default",
+        description="OpenVINO's inference precision hint: default (the device's choice: bf16 where the CPU has bf16 "
+        "instructions, else f32), f32, or bf16 (a CPU without bf16 runs f32, and the stage says so)",
+    )
+    performance_hint: Literal["latency", "throughput"] = "latency"
+    streams: int | None = Field(default=None, ge=1, description="NUM_STREAMS; none: as the hint chooses")
+    denormals: bool | None = Field(
+        default=None,
+        description="OpenVINO's CPU_DENORMALS_OPTIMIZATION (flush denormal floats to zero); none: OpenVINO's default",
+    )
+
+
+class OpenVinoPass(Pass):
+    name = "openvino"
+    summary = "OpenVINO IR on the CPU (convert_model), with precision, performance hint and streams as measured options"
+    Config = OpenVinoConfig
+    consumes = frozenset({"onnx", "openvino"})
+    version = 1
+    requires = ("openvino",)
+
+    @classmethod
+    def environment_reason(cls) -> str | None:
+        from optimizer.runtime.ov_engine import openvino_reason
+
+        return openvino_reason()
+
+    def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
+        reason = super().skip_reason(artifact, ctx)
+        if reason is None and ctx.recipe.target.device != "cpu":
+            return "target.device is cuda: OpenVINO stages run on the CPU here"
+        return reason
+
+    def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
+        import openvino as ov
+
+        from optimizer.runtime.ov_engine import capabilities, compile_model, ir_op_types, precision_ran
+
+        cfg: OpenVinoConfig = self.config  # type: ignore[assignment]
+        assert artifact.path is not None
+        xml = ctx.stage_dir / "model.xml"
+        if artifact.kind == "openvino":  # the same IR, other compile options
+            for f in artifact.files():
+                shutil.copyfile(f, ctx.stage_dir / f.name)
+            converted = None
+        else:
+            ctx.progress("converting to OpenVINO IR", 0, 0)
+            try:
+                converted = ov.convert_model(str(artifact.path))
+            except Exception as e:  # OpenVINO's frontend raises its own errors, multi-line
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise PassError(f"OpenVINO cannot convert {artifact.path.name}: {first}") from e
+            ov.save_model(converted, str(xml), compress_to_fp16=False)
+        runtime = ov_runtime(cfg, artifact)
+        out = artifact.derive(kind="openvino", path=xml, external_data=[IR_WEIGHTS], runtime=runtime,
+                              decode=None, decode_external_data=[])
+        try:
+            compiled = compile_model(xml, runtime, target_threads(ctx.recipe))
+        except OptimizerError as e:
+            raise PassError(str(e)) from e
+        notes: dict[str, Any] = {
+            "openvino": ov.__version__,
+            "converted_from": artifact.kind,
+            "compile_options": runtime,
+            "precision": precision_ran(compiled, cfg.precision, capabilities()),
+            "ir_op_types": ir_op_types(ctx.stage_dir / "model.xml"),
+        }
+        return PassResult(out, modified=True, notes=notes)
+
+
+def ov_runtime(cfg: OpenVinoConfig, artifact: Artifact) -> dict[str, Any]:
+    """The runtime options of the stage: its own, on top of an OpenVINO parent's (ONNX Runtime's do not apply)."""
+    runtime: dict[str, Any] = dict(artifact.runtime) if artifact.kind == "openvino" else {}
+    runtime.update(ov_precision=cfg.precision, ov_hint=cfg.performance_hint)
+    if cfg.streams is not None:
+        runtime["ov_streams"] = cfg.streams
+    if cfg.denormals is not None:
+        runtime["ov_denormals"] = cfg.denormals
+    return runtime

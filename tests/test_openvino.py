@@ -1,0 +1,168 @@
+"""OpenVINO stages: IR conversion with precision options, NNCF INT8, what ran, the bundle, and the CPU check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import mlp_recipe, write_recipe
+
+from optimizer.engine.pipeline import Pipeline
+from optimizer.recipe.loading import load_recipe
+from optimizer.runtime.ov_engine import compile_config, openvino_reason, precision_ran
+
+needs_openvino = pytest.mark.skipif(openvino_reason() is not None, reason=str(openvino_reason()))
+
+
+def ov_recipe(**overrides: Any) -> dict[str, Any]:
+    return mlp_recipe(
+        name="ov-mlp",
+        passes=[
+            {"type": "export"},
+            {"type": "openvino", "name": "ov_f32", "config": {"precision": "f32"}},
+            {"type": "openvino", "name": "ov_bf16", "from": "ov_f32", "config": {"precision": "bf16"}},
+            {"type": "nncf_int8", "name": "ov_int8", "from": "ov_f32", "config": {"samples": 8}},
+        ],
+        **overrides,
+    )
+
+
+@needs_openvino
+def test_openvino_stages_run_and_say_what_precision_ran(tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, ov_recipe()))
+    records = {r.name: r for r in Pipeline(recipe, tmp_path / "run").execute()}
+    assert all(records[n].status == "ran" for n in ("ov_f32", "ov_bf16", "ov_int8")), {
+        n: (r.status, r.reason) for n, r in records.items()}
+    f32, int8 = records["ov_f32"], records["ov_int8"]
+    assert f32.artifact is not None and f32.artifact.kind == "openvino" and f32.artifact.path.name == "model.xml"
+    assert (f32.artifact.path.parent / "model.bin").is_file()
+    assert f32.notes["precision"]["asked"] == "f32" and f32.notes["precision"]["hint"] == "f32"
+    assert set(f32.notes["precision"]["layers"]) == {"f32"}  # every executed layer in f32
+    assert f32.metrics["runtime"]["runtime"] == "openvino" and f32.metrics["within_budget"]
+    assert f32.metrics["scenarios"]["b1"]["vs_parent"] is not None  # timed against the ONNX export it came from
+    assert f32.metrics["scenarios"]["b1"]["profile"]["source"] == "openvino"  # performance counters per layer type
+    assert int8.notes["fake_quantize_nodes"] >= 2 and int8.notes["int8_layers"] >= 2
+    assert any(p in ("i8", "u8") for p in int8.notes["precision"]["layers"])
+    bf16 = records["ov_bf16"].notes["precision"]
+    capabilities = records["ov_bf16"].metrics["runtime"]["precision"]
+    assert bf16["asked"] == "bf16" and capabilities["asked"] == "bf16"
+    # Either the CPU has bf16 and layers ran in it, or the stage says it ran f32 instead.
+    assert "bf16" in bf16["layers"] or "no bf16" in bf16["note"]
+
+
+def test_a_bf16_request_on_a_cpu_without_bf16_says_what_ran_instead() -> None:
+    """A compiled model as OpenVINO returns it on a CPU without bf16: the hint falls back to f32, every layer f32."""
+
+    class Info(dict):  # rt_info values: OVAny-like, read with astype(str)
+        pass
+
+    class Value:
+        def __init__(self, v: str) -> None:
+            self.v = v
+
+        def astype(self, _: type) -> str:
+            return self.v
+
+    class Op:
+        def __init__(self, layer: str, precision: str) -> None:
+            self.info = {"layerType": Value(layer), "runtimePrecision": Value(precision)}
+
+        def get_rt_info(self) -> dict[str, Value]:
+            return self.info
+
+    class Type:
+        def get_type_name(self) -> str:
+            return "f32"
+
+    class Compiled:
+        def get_property(self, key: str) -> Any:
+            assert key == "INFERENCE_PRECISION_HINT"
+            return Type()
+
+        def get_runtime_model(self) -> Any:
+            ops = [Op("Input", "f32"), Op("FullyConnected", "f32"), Op("Softmax", "f32"), Op("Output", "f32")]
+            return type("M", (), {"get_ops": lambda self: ops})()
+
+    ran = precision_ran(Compiled(), "bf16", ["FP32", "INT8", "EXPORT_IMPORT"])
+    assert ran["hint"] == "f32" and ran["layers"] == {"f32": 2}
+    assert ran["note"] == ("bf16 asked, but this CPU has no bf16 (OpenVINO's capabilities: FP32, INT8, "
+                           "EXPORT_IMPORT): ran f32")
+
+
+def test_compile_options_come_from_the_artifact_and_the_target() -> None:
+    config = compile_config({"ov_precision": "bf16", "ov_hint": "throughput", "ov_streams": 2, "ov_denormals": True},
+                            threads=2)
+    assert config == {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": 2, "INFERENCE_PRECISION_HINT": "bf16",
+                      "NUM_STREAMS": 2, "CPU_DENORMALS_OPTIMIZATION": True}
+    assert "INFERENCE_PRECISION_HINT" not in compile_config({"ov_precision": "default"}, threads=1)
+
+
+@needs_openvino
+def test_openvino_bundle_exports_verifies_and_benches(tmp_path: Path) -> None:
+    from optimizer.core.errors import OptimizerError
+    from optimizer.deploy.bundle import bench_bundle, export_bundle, verify_bundle
+    from optimizer.report.build import build_report
+
+    data = ov_recipe()
+    data["passes"] = data["passes"][:2]
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = Pipeline(recipe, tmp_path / "run").execute()
+    report = build_report(recipe, records, tmp_path / "run", 1.0)
+    out = export_bundle(report, "ov_f32", "openvino", tmp_path / "bundle")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "openvino" and manifest["runtime"]["openvino"]["ov_precision"] == "f32"
+    assert sorted(manifest["files"]) == ["model.bin", "model.xml", "reference.npz"]
+    assert verify_bundle(out) == []
+    timed = bench_bundle(out, rounds=2, iterations=3)
+    assert set(timed) == {"b1", "b8"} and timed["b1"]["latency"]["p50_ms"] > 0
+    (out / "model.bin").write_bytes(b"changed")
+    assert any("sha256 differs" in p for p in verify_bundle(out))
+    with pytest.raises(OptimizerError, match="--format openvino: stage 'export' is onnx"):
+        export_bundle(report, "export", "openvino", tmp_path / "b2")
+    with pytest.raises(OptimizerError, match=r"--format openvino takes it"):
+        export_bundle(report, "ov_f32", "onnx", tmp_path / "b3")
+
+
+@needs_openvino
+def test_triton_repository_for_the_openvino_backend(tmp_path: Path) -> None:
+    """`--format triton` of an OpenVINO stage: the OpenVINO backend's layout and parameters, parsed by Triton's own
+    model-config schema, and a bundle verify checks like the others."""
+    from google.protobuf import text_format
+    from test_gpu_injected import _model_config_pb2
+
+    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.report.build import build_report
+
+    data = ov_recipe()
+    data["passes"] = data["passes"][:3]
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = Pipeline(recipe, tmp_path / "run").execute()
+    report = build_report(recipe, records, tmp_path / "run", 1.0)
+    root = export_bundle(report, "ov_bf16", "triton", tmp_path / "repo")
+    assert (root / "1" / "model.xml").is_file() and (root / "1" / "model.bin").is_file()
+    pb2 = _model_config_pb2()
+    config = text_format.Parse((root / "config.pbtxt").read_text(), pb2.ModelConfig())
+    assert config.backend == "openvino" and config.max_batch_size == 0
+    assert config.input[0].data_type == pb2.TYPE_FP32 and list(config.input[0].dims) == [-1, 16]
+    assert config.parameters["PERFORMANCE_HINT"].string_value == "LATENCY"
+    assert config.parameters["INFERENCE_NUM_THREADS"].string_value == "1"
+    assert config.parameters["HINT_BF16"].string_value == "YES"
+    assert verify_bundle(root) == []
+
+
+@needs_openvino
+def test_accuracy_controlled_int8_is_judged_by_our_metric(tmp_path: Path) -> None:
+    """NNCF's accuracy-aware quantization with our accuracy implementation as its metric: the drop it may allow is
+    the budget's floor less the margin, and it validated through ctx.check."""
+    data = ov_recipe(accuracy={"metric": "cosine", "min": 0.99, "samples": 2})
+    data["passes"] = [*data["passes"][:2], {"type": "nncf_int8", "name": "ov_int8_ac", "config": {
+        "samples": 8, "accuracy_control": True, "margin": 0.004}}]
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = {r.name: r for r in Pipeline(recipe, tmp_path / "run").execute()}
+    stage = records["ov_int8_ac"]
+    assert stage.status == "ran", stage.reason
+    control = stage.notes["accuracy_control"]
+    assert control["metric"] == "cosine" and control["max_drop"] == pytest.approx(1 - 0.994)
+    assert control["validations"] >= 1 and stage.notes["int8_layers"] >= 1
