@@ -16,6 +16,17 @@ from optimizer.runtime.ov_engine import compile_config, openvino_reason, precisi
 needs_openvino = pytest.mark.skipif(openvino_reason() is not None, reason=str(openvino_reason()))
 
 
+def ov_report(tmp_path: Path, stages: int) -> Any:
+    """The first `stages` passes of ov_recipe compiled, and the run's report."""
+    from optimizer.report.build import build_report
+
+    data = ov_recipe()
+    data["passes"] = data["passes"][:stages]
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = Pipeline(recipe, tmp_path / "run").execute()
+    return build_report(recipe, records, tmp_path / "run", 1.0)
+
+
 def ov_recipe(**overrides: Any) -> dict[str, Any]:
     return mlp_recipe(
         name="ov-mlp",
@@ -103,13 +114,8 @@ def test_compile_options_come_from_the_artifact_and_the_target() -> None:
 def test_openvino_bundle_exports_verifies_and_benches(tmp_path: Path) -> None:
     from optimizer.core.errors import OptimizerError
     from optimizer.deploy.bundle import bench_bundle, export_bundle, verify_bundle
-    from optimizer.report.build import build_report
 
-    data = ov_recipe()
-    data["passes"] = data["passes"][:2]
-    recipe = load_recipe(write_recipe(tmp_path, data))
-    records = Pipeline(recipe, tmp_path / "run").execute()
-    report = build_report(recipe, records, tmp_path / "run", 1.0)
+    report = ov_report(tmp_path, 2)
     out = export_bundle(report, "ov_f32", "openvino", tmp_path / "bundle")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "openvino" and manifest["runtime"]["openvino"]["ov_precision"] == "f32"
@@ -133,13 +139,8 @@ def test_triton_repository_for_the_openvino_backend(tmp_path: Path) -> None:
     from test_gpu_injected import _model_config_pb2
 
     from optimizer.deploy.bundle import export_bundle, verify_bundle
-    from optimizer.report.build import build_report
 
-    data = ov_recipe()
-    data["passes"] = data["passes"][:3]
-    recipe = load_recipe(write_recipe(tmp_path, data))
-    records = Pipeline(recipe, tmp_path / "run").execute()
-    report = build_report(recipe, records, tmp_path / "run", 1.0)
+    report = ov_report(tmp_path, 3)
     root = export_bundle(report, "ov_bf16", "triton", tmp_path / "repo")
     assert (root / "1" / "model.xml").is_file() and (root / "1" / "model.bin").is_file()
     pb2 = _model_config_pb2()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,3 +107,61 @@ def test_one_winner_everywhere_gives_no_advice_and_no_loss() -> None:
     assert rep.best is not None and rep.best.stage == "fast" and not rep.best.losses and rep.best.advice is None
     assert {w.stage for w in rep.best.per_scenario.values()} == {"fast"}
     assert "; but" not in rep.best.why
+
+
+# ---------------------------------------------------------------- end to end, with deterministically slowed stages
+def _slowed(monkeypatch: pytest.MonkeyPatch, ms: dict[str, dict[int, float]]) -> None:
+    """Every timed call of a stage sleeps ms[stage][batch] (stage 0 is "source"): the harness measures the sleeps,
+    so each scenario's winner is known in advance."""
+    import time
+
+    from optimizer.runtime.runners.ort_runner import OrtRunner, OrtSession
+    from optimizer.runtime.runners.torch_runner import TorchRunner, TorchSession
+
+    for runner, session_cls in ((OrtRunner, OrtSession), (TorchRunner, TorchSession)):
+        real_open, real_run = runner._open, session_cls.run
+
+        def _open(self: Any, real: Any = real_open) -> Any:
+            session = real(self)
+            session.stage = "source" if self.artifact.path is None else self.artifact.path.parent.name.split("-", 1)[1]
+            return session
+
+        def run(self: Any, prepared: Any, real: Any = real_run) -> Any:
+            first = prepared[0] if isinstance(prepared, list) else next(iter(prepared.values()))
+            time.sleep(ms.get(getattr(self, "stage", ""), {}).get(int(first.shape[0]), 0.0) / 1000)
+            return real(self, prepared)
+
+        monkeypatch.setattr(runner, "_open", _open)
+        monkeypatch.setattr(session_cls, "run", run)
+
+
+def _compile(tmp_path: Path, passes: list[dict[str, Any]]) -> RunReport:
+    from conftest import FAST_BENCH, mlp_recipe, write_recipe
+
+    from optimizer.engine.pipeline import Pipeline
+    from optimizer.recipe.loading import load_recipe
+    from optimizer.report.build import build_report
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = mlp_recipe(scenarios=[{"name": "b1", "batch": 1, "seq": 1}, {"name": "b8", "batch": 8, "seq": 1}],
+                      benchmark={**FAST_BENCH, "rounds": 6, "instances": 1, "denormal_probe": False},
+                      passes=passes)
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    return build_report(recipe, Pipeline(recipe, tmp_path / "run").execute(), tmp_path / "run", 1.0)
+
+
+def test_end_to_end_different_winners_and_a_loss_to_pytorch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _slowed(monkeypatch, {"source": {1: 12.0, 8: 4.0}, "export": {1: 12.0, 8: 12.0},
+                          "short": {1: 2.0, 8: 8.0}, "long": {1: 10.0, 8: 2.0}})
+    rep = _compile(tmp_path, [{"type": "export"},
+                              {"type": "ort_session", "name": "short", "from": "export"},
+                              {"type": "ort_session", "name": "long", "from": "export",  # another key than short's
+                               "config": {"allow_spinning": False}}])
+    assert rep.best is not None and rep.best.stage == "short", rep.best
+    assert {s: w.stage for s, w in rep.best.per_scenario.items()} == {"b1": "short", "b8": "long"}
+    assert [x.winner for x in rep.best.losses] == ["long"] and "; but on b8 it is" in rep.best.why
+    # Without `long`, stage 0 (4 ms at b8) beats every deployable stage there: keep PyTorch, and the headline says so.
+    rep = _compile(tmp_path / "alone", [{"type": "export"}, {"type": "ort_session", "name": "short", "from": "export"}])
+    assert rep.best is not None and rep.best.stage == "short"
+    assert rep.best.per_scenario["b8"].keep_source and "; but on b8 it is" in rep.best.why
+    assert "stage 0 (PyTorch)" in rep.best.why

@@ -52,18 +52,19 @@ class FlushingSession:
         return getattr(self._session, name)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        set_caller_flush(True)
-        try:
-            return self._session.run(*args, **kwargs)
-        finally:
-            set_caller_flush(False)
+        return _flushed(self._session.run, *args, **kwargs)
 
     def run_with_iobinding(self, *args: Any, **kwargs: Any) -> Any:
-        set_caller_flush(True)
-        try:
-            return self._session.run_with_iobinding(*args, **kwargs)
-        finally:
-            set_caller_flush(False)
+        return _flushed(self._session.run_with_iobinding, *args, **kwargs)
+
+
+def _flushed(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """call(*args, **kwargs) with FTZ/DAZ on the calling thread, back to IEEE denormals after."""
+    set_caller_flush(True)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        set_caller_flush(False)
 
 
 def denormal_penalty(size: int = 1 << 18, repeats: int = 15) -> float:
