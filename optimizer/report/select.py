@@ -13,7 +13,8 @@ Every term is normalized against stage 0, so 1.0 means "as stage 0" and higher i
                  Runtime CUDA, TensorRT, Triton. Standard ONNX: all four. ORT contrib ops (fused attention,
                  SkipLayerNorm): ORT CPU/CUDA and Triton's ORT backend, 0.75. Dynamic INT8 (CPU kernels): ORT CPU
                  and Triton, 0.5. A TensorRT engine: TensorRT and Triton, tied to one GPU and version, 0.5.
-                 PyTorch eager: a Python service only, 0.25.
+                 PyTorch eager: a Python service only, 0.25. An OpenVINO IR: OpenVINO's own runtime, and of the
+                 four, Triton's OpenVINO backend, 0.25.
 score = sum(weight * term). Stages outside the accuracy budget are ranked but never recommended.
 """
 
@@ -59,6 +60,8 @@ def deployability(stage: StageReport) -> float:
         return 0.25
     if kind == "trt_engine":
         return 0.5
+    if kind == "openvino":  # OpenVINO's runtime (and its model server) and, of the four paths, Triton's backend
+        return 0.25
     graph = stage.metrics.graph if stage.metrics is not None else None
     ops = graph.op_types if graph is not None else {}
     if any(op in ops for op in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul")):
