@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from optimizer.cli.options import fail, options
 from optimizer.core.errors import OptimizerError
@@ -106,7 +107,8 @@ def export_(
     ctx: typer.Context,
     run: str = typer.Argument(..., help="run folder, report.json or run id"),
     stage: str = typer.Option("best", "--stage", help="stage name, or best: fastest within the accuracy budget"),
-    fmt: str = typer.Option("onnx", "--format", help="onnx | tensorrt | triton | openvino"),
+    fmt: str = typer.Option(
+        "auto", "--format", help="auto (the stage's own) | onnx | tensorrt | triton | openvino"),
     out_dir: Path = typer.Option(..., "--out", help="bundle folder (must be new or empty)"),
     scenario: str | None = typer.Option(
         None, "--scenario", help="with --stage best: the fastest stage within the budget in this scenario"),
@@ -115,11 +117,12 @@ def export_(
     from optimizer.deploy.bundle import export_bundle
     from optimizer.report.history import load_report
 
-    if fmt not in ("onnx", "tensorrt", "triton", "openvino"):
-        raise OptimizerError(f"--format: {fmt!r} is not one of onnx, tensorrt, triton, openvino")
+    if fmt not in ("auto", "onnx", "tensorrt", "triton", "openvino"):
+        raise OptimizerError(f"--format: {fmt!r} is not one of auto, onnx, tensorrt, triton, openvino")
     opts = options(ctx)
     root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir, scenario)
-    opts.out.print(f"[green]exported[/] {root} ({fmt})")
+    written = json.loads((root / "manifest.json").read_text()).get("format", fmt)
+    opts.out.print(f"[green]exported[/] {escape(str(root))} ({written})")
 
 
 @app.command()

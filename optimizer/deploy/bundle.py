@@ -75,6 +75,8 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
     stage = pick_stage(report, stage_name, scenario)
     artifact = stage.artifact
     assert artifact is not None  # pick_stage takes only stages with an artifact
+    if fmt == "auto":  # the artifact's own format: an ONNX graph, an OpenVINO IR, a TensorRT engine
+        fmt = {"openvino": "openvino", "trt_engine": "tensorrt"}.get(artifact.kind, "onnx")
     if artifact.path is not None and not artifact.path.is_file():  # the run folder moved, or a relative path
         artifact = artifact.derive(path=Path(report.run_dir) / (stage.folder or "") / artifact.path.name)
     if fmt == "tensorrt" and artifact.kind != "trt_engine":
