@@ -129,6 +129,10 @@ def test_openvino_bundle_exports_verifies_and_benches(tmp_path: Path) -> None:
         export_bundle(report, "export", "openvino", tmp_path / "b2")
     with pytest.raises(OptimizerError, match=r"--format openvino takes it"):
         export_bundle(report, "ov_f32", "onnx", tmp_path / "b3")
+    auto = export_bundle(report, "ov_f32", "auto", tmp_path / "b4")  # the CLI's default: the stage's own format
+    assert json.loads((auto / "manifest.json").read_text())["format"] == "openvino"
+    assert json.loads((export_bundle(report, "export", "auto", tmp_path / "b5") / "manifest.json").read_text())[
+        "format"] == "onnx"
 
 
 @needs_openvino
