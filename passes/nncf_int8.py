@@ -52,6 +52,21 @@ class NncfInt8Pass(Pass):
     requires = ("openvino", "nncf")
 
     @classmethod
+    def recipe_reason(cls, config: PassConfig, recipe: Any) -> tuple[str, str] | None:
+        from optimizer.recipe.schema import recipe_metric
+
+        cfg: NncfInt8Config = config  # type: ignore[assignment]
+        if not cfg.accuracy_control:
+            return None
+        metric, floor = recipe_metric(recipe), recipe.accuracy.min
+        if floor is None or metric == "max_abs":
+            return ("accuracy_control", f"needs a minimum on a similarity metric (accuracy.min; the recipe's metric is "
+                    f"{metric}, min {floor})")
+        if floor + cfg.margin >= 1.0:
+            return ("margin", f"accuracy.min {floor} plus margin {cfg.margin} leaves NNCF no drop to allow")
+        return None
+
+    @classmethod
     def environment_reason(cls) -> str | None:
         import importlib.util
 
@@ -62,20 +77,29 @@ class NncfInt8Pass(Pass):
         return openvino_reason()
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        import nncf
-        import openvino as ov
+        from optimizer.runtime.ov_engine import (
+            capabilities,
+            compile_model,
+            core,
+            error_line,
+            ir_op_types,
+            nncf_module,
+            openvino_module,
+            port_name,
+            precision_ran,
+        )
 
-        from optimizer.runtime.ov_engine import capabilities, compile_model, core, ir_op_types, precision_ran
+        nncf, ov = nncf_module(), openvino_module()
         from passes.quantize.calibration import calibration_feeds
 
         cfg: NncfInt8Config = self.config  # type: ignore[assignment]
         assert artifact.path is not None
         model = core().read_model(str(artifact.path))
-        names = [p.get_any_name() for p in model.inputs]
+        names = [port_name(p, ctx.recipe) for p in model.inputs]
         feeds, info = calibration_feeds(ctx.recipe, cfg.samples, ctx.progress)
         # items are (index, feed): NNCF validates on subsets, in its own order, and each needs its reference
         dataset = nncf.Dataset(list(enumerate(feeds)), lambda item: {n: item[1][n] for n in names})
-        ignored = (nncf.IgnoredScope(types=cfg.ignored_types, names=cfg.ignored_names, validate=False)
+        ignored = (nncf.IgnoredScope(types=cfg.ignored_types, names=cfg.ignored_names, validate=True)
                    if cfg.ignored_types or cfg.ignored_names else None)
         ctx.progress("NNCF: calibrating", 0, 0)
         common: dict[str, Any] = {
@@ -94,9 +118,10 @@ class NncfInt8Pass(Pass):
                     drop_type=nncf.DropType.ABSOLUTE, **common)
             else:
                 quantized = nncf.quantize(model, dataset, **common)
-        except Exception as e:  # NNCF's and OpenVINO's own error types
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PassError(f"NNCF could not quantize the model: {first}") from e
+        except PassError:
+            raise
+        except Exception as e:  # NNCF's and OpenVINO's own error types (an ignored name matching nothing, too)
+            raise PassError(f"NNCF could not quantize the model: {error_line(e)}") from e
         xml = ctx.stage_dir / "model.xml"
         ov.save_model(quantized, str(xml), compress_to_fp16=False)
         out = artifact.derive(path=xml, external_data=[IR_WEIGHTS])
@@ -147,10 +172,11 @@ def accuracy_validation(
 
     def validate(compiled: Any, data: Any) -> tuple[float, None]:
         request = compiled.create_infer_request()
+        ports = list(compiled.inputs)  # in the model's input order, which `names` follows
         items = list(data)
         outputs = []
         for _, feed in items:
-            result = request.infer({n: feed[n] for n in names})
+            result = request.infer(dict(zip(ports, [feed[n] for n in names], strict=True)))
             outputs.append([np.array(result[p]) for p in compiled.outputs])
         expected = [reference[i] for i, _ in items]
         score = ctx.check(expected, outputs, [feed for _, feed in items]).worst(metric)

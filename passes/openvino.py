@@ -31,7 +31,7 @@ class OpenVinoConfig(PassConfig):
         "instructions, else f32), f32, or bf16 (a CPU without bf16 runs f32, and the stage says so)",
     )
     performance_hint: Literal["latency", "throughput"] = "latency"
-    streams: int | None = Field(default=None, ge=1, description="NUM_STREAMS; none: as the hint chooses")
+    streams: int | None = Field(default=None, ge=1, le=1024, description="NUM_STREAMS; none: as the hint chooses")
     denormals: bool | None = Field(
         default=None,
         description="OpenVINO's CPU_DENORMALS_OPTIMIZATION (flush denormal floats to zero); none: OpenVINO's default",
@@ -59,9 +59,16 @@ class OpenVinoPass(Pass):
         return reason
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        import openvino as ov
+        from optimizer.runtime.ov_engine import (
+            capabilities,
+            compile_model,
+            error_line,
+            ir_op_types,
+            openvino_module,
+            precision_ran,
+        )
 
-        from optimizer.runtime.ov_engine import capabilities, compile_model, ir_op_types, precision_ran
+        ov = openvino_module()
 
         cfg: OpenVinoConfig = self.config  # type: ignore[assignment]
         assert artifact.path is not None
@@ -75,8 +82,7 @@ class OpenVinoPass(Pass):
             try:
                 converted = ov.convert_model(str(artifact.path))
             except Exception as e:  # OpenVINO's frontend raises its own errors, multi-line
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise PassError(f"OpenVINO cannot convert {artifact.path.name}: {first}") from e
+                raise PassError(f"OpenVINO cannot convert {artifact.path.name}: {error_line(e)}") from e
             ov.save_model(converted, str(xml), compress_to_fp16=False)
         runtime = ov_runtime(cfg, artifact)
         out = artifact.derive(kind="openvino", path=xml, external_data=[IR_WEIGHTS], runtime=runtime,
@@ -87,6 +93,8 @@ class OpenVinoPass(Pass):
             raise PassError(str(e)) from e
         notes: dict[str, Any] = {
             "openvino": ov.__version__,
+            **({"not_carried": "the input stage's denormal_as_zero (an ONNX Runtime option); set `denormals` here"}
+               if artifact.runtime.get("denormal_as_zero") and cfg.denormals is None else {}),
             "converted_from": artifact.kind,
             "compile_options": runtime,
             "precision": precision_ran(compiled, cfg.precision, capabilities()),

@@ -171,3 +171,75 @@ def test_accuracy_controlled_int8_is_judged_by_our_metric(tmp_path: Path) -> Non
     control = stage.notes["accuracy_control"]
     assert control["metric"] == "cosine" and control["max_drop"] == pytest.approx(1 - 0.994)
     assert control["validations"] >= 1 and stage.notes["int8_layers"] >= 1
+
+
+# ---------------------------------------------------------------- what an adversarial try found
+@needs_openvino
+def test_an_openvino_stage_from_an_fp16_graph_finds_its_inputs(tmp_path: Path) -> None:
+    """The compiled model names the input port after the fused input Cast; the tensor keeps the name `x`."""
+    data = ov_recipe()
+    data["passes"] = [{"type": "export"}, {"type": "quantize", "name": "h", "config": {"mode": "fp16"}},
+                      {"type": "openvino", "name": "ov", "from": "h"}]
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = {r.name: r for r in Pipeline(recipe, tmp_path / "run").execute()}
+    assert records["ov"].status == "ran", records["ov"].reason
+
+
+def test_openvino_errors_keep_the_line_that_says_why() -> None:
+    from optimizer.runtime.ov_engine import error_line
+
+    e = RuntimeError("Check 'false' failed at src/frontends/common/unconverted_ops_report.cpp:151:\n"
+                     "FrontEnd API failed with GeneralFailure:\nNo conversion rule found for operations: Inverse")
+    assert error_line(e) == "FrontEnd API failed with GeneralFailure:"
+    e = RuntimeError("Exception from src/inference/src/cpp/core.cpp:132:\nWrong value -5 for property key NUM_STREAMS")
+    assert error_line(e) == "Wrong value -5 for property key NUM_STREAMS"
+
+
+def test_accuracy_control_without_a_floor_is_refused_by_validate(tmp_path: Path) -> None:
+    from optimizer.core.errors import RecipeError
+
+    data = ov_recipe(accuracy={"metric": "max_abs", "max": 0.1, "samples": 2})
+    data["passes"] = [{"type": "export"}, {"type": "openvino"}, {"type": "nncf_int8", "config": {
+        "accuracy_control": True}}]
+    with pytest.raises(RecipeError, match=r"passes\[2\]\.config\.accuracy_control: needs a minimum"):
+        load_recipe(write_recipe(tmp_path, data))
+    data["accuracy"] = {"metric": "cosine", "min": 0.99, "samples": 2}
+    data["passes"][2]["config"]["margin"] = 0.5
+    with pytest.raises(RecipeError, match=r"passes\[2\]\.config\.margin"):
+        load_recipe(write_recipe(tmp_path, data, "m.yaml"))
+
+
+@needs_openvino
+def test_tampered_openvino_manifests_are_one_line_each(tmp_path: Path) -> None:
+    from optimizer.core.errors import OptimizerError
+    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.openvino_bundle import runtime_of
+
+    report = ov_report(tmp_path, 2)
+    out = export_bundle(report, "ov_f32", "auto", tmp_path / "bundle")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"]["mode"] == "f32" and manifest["precision"]["layers"] == {"f32": 2}
+    for runtime, field in (({"openvino": None, "threads": 1}, "runtime.openvino"),
+                           ({"openvino": {"ov_streams": -5}, "threads": 1}, "ov_streams"),
+                           ({"openvino": {"ov_denormals": "no"}, "threads": 1}, "ov_denormals"),
+                           ({"openvino": {"ov_hint": "bogus"}, "threads": 1}, "ov_hint"),
+                           ({"openvino": {}, "threads": 10**12}, "runtime.threads")):
+        with pytest.raises(OptimizerError, match=field.replace(".", r"\.")):
+            runtime_of({**manifest, "runtime": runtime})
+    assert verify_bundle(out) == []
+
+
+def test_openvino_telemetry_is_left_out(tmp_path: Path) -> None:
+    """OpenVINO's converter and NNCF count and send usage through openvino_telemetry (into ~/intel): importing
+    OpenVINO through us leaves that module out, so nothing is written outside the folders the user named."""
+    import subprocess
+    import sys
+
+    code = ("from optimizer.runtime.ov_engine import openvino_module, nncf_module; openvino_module(); nncf_module(); "
+            "import sys; print(sys.modules['openvino_telemetry'])")
+    if openvino_reason() is not None:
+        pytest.skip(str(openvino_reason()))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "None", out.stderr[-1500:]
+    assert not (tmp_path / "intel").exists()

@@ -69,7 +69,7 @@ def test_two_scenarios_with_different_winners() -> None:
     assert "; but on b1-s512 it is 0.69x `long`" in rep.best.why  # the headline says where it loses
     advice = rep.best.advice or ""
     assert "route requests of up to 128 tokens to `short` and of 512 or more to `long`" in advice
-    assert "`short` is never more than 31% slower than a scenario's winner (worst on b1-s512, 0.69x)" in advice
+    assert "`short` keeps at least 0.69x the speed of each scenario's winner (worst on b1-s512)" in advice
     assert pick_stage(rep, "best").name == "short"
     assert pick_stage(rep, "best", "b1-s512").name == "long"  # export --stage best --scenario b1-s512
     md, html = to_markdown(rep), to_html(rep)
@@ -90,9 +90,9 @@ def test_the_headline_says_where_the_best_is_slower_than_pytorch() -> None:
     w = rep.best.per_scenario["b1-s512"]
     assert w.keep_source and w.stage == "source" and "keep PyTorch" in w.why and "`int8`" in w.why
     assert rep.best.per_scenario["b1-s128"].stage == "int8"
-    assert "; but on b1-s512 it is 0.84x stage 0 (PyTorch)" in rep.best.why
+    assert "; but on b1-s512 it is 0.84x PyTorch (stage 0)" in rep.best.why
     assert "to `int8` and of 512 or more to PyTorch (stage 0)" in (rep.best.advice or "")
-    with pytest.raises(OptimizerError, match=r"--scenario b1-s512: keep PyTorch \(stage 0\)"):
+    with pytest.raises(OptimizerError, match=r"--scenario b1-s512: keep PyTorch \(stage 0\): the fastest other"):
         pick_stage(rep, "best", "b1-s512")
     with pytest.raises(OptimizerError, match="--scenario: no scenario 'b9'"):
         pick_stage(rep, "best", "b9")
@@ -164,4 +164,18 @@ def test_end_to_end_different_winners_and_a_loss_to_pytorch(tmp_path: Path, monk
     rep = _compile(tmp_path / "alone", [{"type": "export"}, {"type": "ort_session", "name": "short", "from": "export"}])
     assert rep.best is not None and rep.best.stage == "short"
     assert rep.best.per_scenario["b8"].keep_source and "; but on b8 it is" in rep.best.why
-    assert "stage 0 (PyTorch)" in rep.best.why
+    assert "PyTorch (stage 0)" in rep.best.why
+
+
+def test_an_onnx_source_that_wins_a_scenario_is_the_model_the_user_brought() -> None:
+    """Stage 0 of an ONNX source is that file under ONNX Runtime: "keep the original model", and exportable."""
+    source = _stage(0, "source", None, None, kind="onnx", type="source")
+    ort = _stage(1, "ort_session", "source", {"b1-s128": 2.0, "b1-s512": 0.8}, type="ort_session")
+    rep = report([source, ort])
+    w = rep.best.per_scenario["b1-s512"] if rep.best is not None else None
+    assert w is not None and w.keep_source
+    assert w.why.startswith("keep the original model (stage 0): the fastest other stage within the budget, "
+                            "`ort_session`, is 0.80x")
+    assert pick_stage(rep, "best", "b1-s512").name == "source"
+    with pytest.raises(OptimizerError, match="--scenario goes with --stage best"):
+        pick_stage(rep, "ort_session", "b1-s512")

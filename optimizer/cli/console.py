@@ -104,6 +104,6 @@ def scenario_best_table(report: RunReport) -> Table | None:
     for h, justify in (("scenario", "left"), ("stage", "left"), ("vs stage 0 (95% CI)", "right")):
         table.add_column(h, justify=justify)  # type: ignore[arg-type]
     for scen, w in best.per_scenario.items():
-        name = f"{w.stage} (keep PyTorch)" if w.keep_source else w.stage
+        name = f"{w.stage} (keep stage 0)" if w.keep_source else w.stage
         table.add_row(escape(scen), escape(name), f"{w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f})")
     return table

@@ -324,7 +324,8 @@ class ScenarioLoss(Facts):
     low: float
     high: float
     keep_source: bool
+    winner_label: str | None = None  # how the winner reads: `stage`, or "PyTorch (stage 0)"
 
     def sentence(self) -> str:
-        who = "stage 0 (PyTorch)" if self.keep_source else f"`{self.winner}`"
+        who = self.winner_label or f"`{self.winner}`"
         return f"on {self.scenario} it is {self.ratio:.2f}x {who} ({self.low:.2f}-{self.high:.2f})"

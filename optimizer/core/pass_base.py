@@ -166,6 +166,12 @@ class Pass(ABC):
         missing = [m for m in cls.requires if importlib.util.find_spec(m) is None]
         return f"{', '.join(missing)} not installed" if missing else None
 
+    @classmethod
+    def recipe_reason(cls, config: PassConfig, recipe: Recipe) -> tuple[str, str] | None:
+        """(a field of the pass's config, why) when this config cannot work with the recipe: refused by validate,
+        before anything runs."""
+        return None
+
     def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
         """What the output depends on beyond the config, the input and the feeds, for the cache key (a pass whose
         choices are timed: the threads and benchmark settings they were timed with); None: nothing more."""

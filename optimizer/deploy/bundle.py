@@ -54,12 +54,21 @@ def pick_stage(report: RunReport, name: str, scenario: str | None = None) -> Sta
     chained interleaved ratios, ties within noise broken by size; with a scenario, that scenario's winner
     (measure.scenario_best)."""
     if scenario is not None:
+        if name != "best":
+            raise OptimizerError(f"--scenario goes with --stage best (the scenario's winner); --stage {name!r} names "
+                                 "one stage already")
         return choose_for_scenario(report.stages, report.scenario_names, name, scenario)
     return choose_stage(report.stages, report.scenario_names, name)
 
 
 def _precision(stage: StageReport) -> dict[str, Any]:
     notes = stage.notes
+    if stage.type in ("openvino", "nncf_int8"):  # what the compiled model ran, per runtime precision
+        ran = notes.get("precision") or {}
+        layers = ran.get("layers") or {}
+        int8 = sum(n for p, n in layers.items() if p in ("i8", "u8"))
+        return {"mode": "int8" if int8 else ran.get("hint", "f32"), "hint": ran.get("hint"), "layers": layers,
+                **({"fake_quantize_nodes": notes["fake_quantize_nodes"]} if "fake_quantize_nodes" in notes else {})}
     if stage.type == "quantize":
         return {
             "mode": notes.get("mode"),

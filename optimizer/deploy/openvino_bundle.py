@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
@@ -38,14 +39,17 @@ def export_openvino_bundle(
         shutil.copyfile(f, model_dir / (MODEL if f == artifact.path else f.name))
     recipe = run_recipe(report)
     arrays: dict[str, np.ndarray] = {}
+    feeds = build_feeds(recipe, 1, per_scenario=False)
     with OvRunner(artifact.derive(path=model_dir / MODEL), recipe).load() as session:
-        for sf in build_feeds(recipe, 1, per_scenario=False):
+        for sf in feeds:
             scen = sf.scenario.name
             outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
-            arrays.update({f"{scen}/in/{k}": sf.timing[k] for k in session.input_names})  # type: ignore[attr-defined]
+            arrays.update({f"{scen}/in/{k}": sf.timing[k] for k in session.feed_names(sf.timing)})  # type: ignore[attr-defined]
             arrays.update({f"{scen}/out/{n}": o for n, o in zip(session.output_names, outputs, strict=True)})
         compiled = session.compiled  # type: ignore[attr-defined]
-        inputs, outputs_io = [_port(p) for p in compiled.inputs], [_port(p) for p in compiled.outputs]
+        names = session.feed_names(next(iter(feeds)).timing)  # type: ignore[attr-defined]
+        inputs = [{**_port(p), "name": n} for p, n in zip(compiled.inputs, names, strict=True)]
+        outputs_io = [_port(p) for p in compiled.outputs]
     np.savez(root / REFERENCE, **arrays)
     if triton_name:
         threads = int(artifact.runtime.get("intra_op_threads") or report.settings.threads)
@@ -95,6 +99,9 @@ def triton_openvino_config(
     ]
     if runtime.get("ov_streams"):
         lines.append(param("NUM_STREAMS", int(runtime["ov_streams"])))
+    if runtime.get("ov_denormals") is not None:
+        lines.append(f"# measured with CPU_DENORMALS_OPTIMIZATION {bool(runtime['ov_denormals'])}; this backend "
+                     "documents no parameter for it")
     precision = runtime.get("ov_precision", "default")
     if precision == "bf16":
         lines.append(param("HINT_BF16", "YES"))
@@ -104,11 +111,40 @@ def triton_openvino_config(
     return "\n".join(lines) + "\n"
 
 
+class _OvOptions(BaseModel):
+    """The compile options an OpenVINO manifest may carry (runtime.ov_engine), checked before OpenVINO sees them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    ov_precision: Literal["default", "f32", "bf16"] = "default"
+    ov_hint: Literal["latency", "throughput"] = "latency"
+    ov_streams: int | None = Field(default=None, ge=1, le=1024)
+    ov_denormals: bool | None = None
+    intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
+
+
+class _OvManifest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    tolerance: dict[str, float]
+    benchmark: dict[str, Any] = {}
+
+
 def runtime_of(manifest: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    runtime = manifest.get("runtime") or {}
-    if "openvino" not in runtime or "threads" not in runtime:
-        raise OptimizerError("manifest.json: runtime.openvino and runtime.threads are required for an OpenVINO bundle")
-    return dict(runtime["openvino"]), int(runtime["threads"])
+    """The manifest's compile options and threads, checked: one line naming the field when they are not usable."""
+    runtime = manifest.get("runtime")
+    if not isinstance(runtime, dict) or not isinstance(runtime.get("openvino"), dict):
+        raise OptimizerError("manifest.json: runtime.openvino: a mapping of compile options is required")
+    try:
+        options = _OvOptions.model_validate(runtime["openvino"]).model_dump(exclude_none=True)
+        _OvManifest.model_validate(manifest)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise OptimizerError(f"manifest.json: {where}: {err['msg']}") from None
+    threads = runtime.get("threads")
+    if type(threads) is not int or not 1 <= threads <= 1024:
+        raise OptimizerError(f"manifest.json: runtime.threads: {threads!r} is not a thread count (1-1024)")
+    return options, threads
 
 
 def _session(root: Path, manifest: dict[str, Any]) -> Any:
@@ -132,6 +168,8 @@ def verify_openvino(root: Path, manifest: dict[str, Any]) -> list[str]:
     from optimizer.measure.accuracy import AccuracyMeter
 
     session = _session(root, manifest)
+    if not (root / REFERENCE).is_file():
+        return [f"{REFERENCE}: missing (the reference outputs verify compares with)"]
     tol = manifest["tolerance"]
     problems = []
     with np.load(root / REFERENCE) as ref:
@@ -162,6 +200,6 @@ def bench_openvino(root: Path, manifest: dict[str, Any], rounds: int, iterations
             samples = [x for _ in range(rounds) for x in time_calls(session, prepared, iterations)]
             out[scen] = {
                 "latency": LatencyStats.of(samples).to_json(),
-                "recorded_p50_ms": manifest["benchmark"].get(scen, {}).get("latency", {}).get("p50_ms"),
+                "recorded_p50_ms": ((manifest.get("benchmark") or {}).get(scen) or {}).get("latency", {}).get("p50_ms"),
             }
     return out

@@ -35,21 +35,28 @@ def scenario_winners(stages: Sequence[StageReport], scenarios: Sequence[str]) ->
             continue
         keep = chosen.name == source
         if keep:
-            why = _keep_source_why(stages, scen) or why
+            why = _keep_source_why(stages, scen)
         out[scen] = ScenarioWinner(stage=chosen.name, ratio=c.ratio, low=c.low, high=c.high, keep_source=keep, why=why)
     return out
 
 
-def _keep_source_why(stages: Sequence[StageReport], scenario: str) -> str | None:
-    """Why stage 0 wins a scenario: the fastest deployable stage there, and how much slower it is."""
-    deployable, _ = best_stage(stages, [scenario])
-    if deployable is None:
-        return None
-    c = compare(stages, [scenario], deployable.name, stages[0].name)
-    if c is None:
-        return None
-    return (f"keep PyTorch (stage 0): the fastest deployable stage within the budget, `{deployable.name}`, is "
-            f"{c.ratio:.2f}x its speed ({c.low:.2f}-{c.high:.2f})")
+def source_label(stages: Sequence[StageReport]) -> str:
+    """Stage 0 as a user knows it: their PyTorch model, or the model file they brought (an ONNX source)."""
+    art = stages[0].artifact
+    return "PyTorch (stage 0)" if art is None or art.kind == "torch" else "the original model (stage 0)"
+
+
+def _keep_source_why(stages: Sequence[StageReport], scenario: str) -> str:
+    """Why stage 0 wins a scenario: the fastest other stage within the budget there, and how much slower it is."""
+    source = stages[0].name
+    others = [(c, s) for s in stages[1:] if eligibility(stages, [scenario], s) is None
+              and (c := compare(stages, [scenario], s.name, source)) is not None]
+    keep = f"keep {source_label(stages)}"
+    if not others:
+        return f"{keep}: no other stage is within the budget with a measured chain here"
+    c, fastest = max(others, key=lambda cs: cs[0].ratio)
+    return (f"{keep}: the fastest other stage within the budget, `{fastest.name}`, is {c.ratio:.2f}x its speed "
+            f"({c.low:.2f}-{c.high:.2f})")
 
 
 def losses(stages: Sequence[StageReport], best: str, winners: dict[str, ScenarioWinner]) -> list[ScenarioLoss]:
@@ -61,11 +68,13 @@ def losses(stages: Sequence[StageReport], best: str, winners: dict[str, Scenario
         c = compare(stages, [scen], best, w.stage)
         if c is not None and c.high < 1.0:
             out.append(ScenarioLoss(scenario=scen, winner=w.stage, ratio=c.ratio, low=c.low, high=c.high,
-                                    keep_source=w.keep_source))
+                                    keep_source=w.keep_source, winner_label=_name(stages, w)))
     return out
 
 
-def _crossovers(scenarios: Sequence[Any], winners: dict[str, ScenarioWinner]) -> list[str]:
+def _crossovers(
+    stages: Sequence[StageReport], scenarios: Sequence[Any], winners: dict[str, ScenarioWinner]
+) -> list[str]:
     """Where the winner changes between two fixed sequence lengths of one batch size: a routing rule."""
     out = []
     fixed = [s for s in scenarios if s.name in winners and s.padding != "longest"]
@@ -75,14 +84,15 @@ def _crossovers(scenarios: Sequence[Any], winners: dict[str, ScenarioWinner]) ->
             wa, wb = winners[a.name], winners[b.name]
             if wa.stage != wb.stage:
                 out.append(
-                    f"at batch {batch}, route requests of up to {a.seq} tokens to {_name(wa)} and of {b.seq} or more "
-                    f"to {_name(wb)} (the crossover lies between {a.seq} and {b.seq}: not measured in between)"
+                    f"at batch {batch}, route requests of up to {a.seq} tokens to {_name(stages, wa)} and of {b.seq} "
+                    f"or more to {_name(stages, wb)} (the crossover lies between {a.seq} and {b.seq}: not measured "
+                    "in between)"
                 )
     return out
 
 
-def _name(w: ScenarioWinner) -> str:
-    return "PyTorch (stage 0)" if w.keep_source else f"`{w.stage}`"
+def _name(stages: Sequence[StageReport], w: ScenarioWinner) -> str:
+    return source_label(stages) if w.keep_source else f"`{w.stage}`"
 
 
 def robust_stage(
@@ -118,13 +128,12 @@ def advice(
     (`lost`); None otherwise: winners that differ within noise are no reason to route."""
     if not lost or len({w.stage for w in winners.values()}) < 2:
         return None
-    parts = _crossovers(scenarios, winners)
+    parts = _crossovers(stages, scenarios, winners)
     robust = robust_stage(stages, winners)
     if robust is not None:
         name, ratio, scen = robust
-        shortfall = max(0.0, 1 - ratio)
-        parts.append(f"one stage for every scenario: `{name}` is never more than {shortfall:.0%} slower than a "
-                     f"scenario's winner (worst on {scen}, {ratio:.2f}x)")
+        parts.append(f"one stage for every scenario: `{name}` keeps at least {ratio:.2f}x the speed of each "
+                     f"scenario's winner (worst on {scen})")
     return "; or ".join(parts) if parts else None
 
 
@@ -139,5 +148,9 @@ def choose_for_scenario(
         return choose_stage(stages, scenarios, name)
     winner = scenario_winners(stages, [scenario]).get(scenario)
     if winner is not None and winner.keep_source:
-        raise OptimizerError(f"--scenario {scenario}: {winner.why}; export that stage with --stage NAME if you want it")
+        art = stages[0].artifact
+        if art is None or art.kind == "torch":  # nothing to export: the answer is the user's PyTorch model
+            raise OptimizerError(f"--scenario {scenario}: {winner.why}; export another stage with --stage NAME if "
+                                 "you want it")
+        return choose_stage(stages, [scenario], stages[0].name)  # the model file the user brought
     return choose_stage(stages, [scenario], "best")

@@ -77,11 +77,14 @@ def _validate_pass_configs(recipe: Recipe, path: str) -> None:
         except UnknownPass as e:
             raise RecipeError(path, f"passes[{i}].type", str(e)) from None
         try:
-            cls.Config.model_validate(spec.config)
+            config = cls.Config.model_validate(spec.config)
         except ValidationError as e:
             err = e.errors()[0]
             field = _field_path((f"passes[{i}]", "config", *err["loc"]))
             raise RecipeError(path, field, err["msg"]) from None
+        reason = cls.recipe_reason(config, recipe)
+        if reason is not None:
+            raise RecipeError(path, f"passes[{i}].config.{reason[0]}", reason[1])
 
 
 def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None) -> Recipe:

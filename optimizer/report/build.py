@@ -420,7 +420,7 @@ def scenario_best_markdown(report: RunReport) -> list[str]:
         return []
     lines = ["| scenario | fastest within budget | vs stage 0 (95% CI) | note |", "|---|---|---|---|"]
     for scen, w in best.per_scenario.items():
-        name = f"`{w.stage}` (keep PyTorch)" if w.keep_source else f"`{w.stage}`"
+        name = f"`{w.stage}` (keep stage 0)" if w.keep_source else f"`{w.stage}`"
         # the rule's sentence past its first clause (ties, rejections), or why PyTorch is kept
         note = w.why if w.keep_source else (w.why.split("; ", 1)[1] if "; " in w.why else "-")
         lines.append(f"| {scen} | {name} | {w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f}) | {note.replace('|', '/')} |")

@@ -331,7 +331,7 @@ def scenario_best_table(report: RunReport) -> str:
     if best is None or not best.per_scenario:
         return ""
     rows = "".join(
-        f"<tr><td>{_esc(scen)}</td><td><code>{_esc(w.stage)}</code>{' (keep PyTorch)' if w.keep_source else ''}"
+        f"<tr><td>{_esc(scen)}</td><td><code>{_esc(w.stage)}</code>{' (keep stage 0)' if w.keep_source else ''}"
         f"</td><td>{w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f})</td></tr>"
         for scen, w in best.per_scenario.items()
     )

@@ -138,7 +138,7 @@ def per_scenario_lines(report: RunReport, ranking: dict[str, list[dict[str, Any]
         line = f"{scen}: by these weights `{top['stage']}` scores highest within budget ({top['score']:.3f})"
         w = winners.get(scen)
         if w is not None:
-            who = f"stage 0 (keep PyTorch: `{w.stage}`)" if w.keep_source else f"`{w.stage}`"
+            who = f"stage 0, `{w.stage}` (keep it)" if w.keep_source else f"`{w.stage}`"
             line += f"; fastest within budget: {who}, {w.ratio:.2f}x stage 0 ({w.low:.2f}-{w.high:.2f})"
         lines.append(line + ".")
     return lines

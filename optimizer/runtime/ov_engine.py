@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +35,52 @@ def openvino_reason() -> str | None:
     return None
 
 
+def openvino_module() -> Any:
+    """The openvino package, imported with its telemetry left out: openvino_telemetry (a dependency of NNCF) counts
+    every use in ~/intel and sends events; nothing is written outside the folders the user named, so the module is
+    marked absent first and OpenVINO's converter and NNCF fall back to their own no-op stubs."""
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    import openvino
+
+    return openvino
+
+
+def nncf_module() -> Any:
+    openvino_module()
+    import nncf
+
+    return nncf
+
+
+def error_line(e: BaseException) -> str:
+    """The line of an OpenVINO / NNCF error that says what is wrong: they open with "Check '...' failed at
+    <file>:<line>" or "Exception from <file>" and give the reason below."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    noise = ("Check '", "Exception from", "[ GENERAL_ERROR ]", "[ CPU ]", "Traceback")
+    useful = [line for line in lines if not line.startswith(noise)]
+    return (useful or lines or [type(e).__name__])[0]
+
+
+def port_name(port: Any, recipe: Any) -> str:
+    """The name of a model input the recipe knows: a compiled model may name a port after a node fused into it
+    (an FP16 graph's input Cast), while the tensor keeps every name it had (get_names)."""
+    wanted = {i.name for i in recipe.inputs}
+    return next((n for n in sorted(port.get_names()) if n in wanted), port.get_any_name())
+
+
 @functools.lru_cache(maxsize=1)
 def core() -> Any:
     """One OpenVINO Core per process (it holds the plugins and their caches)."""
-    import openvino as ov
-
-    return ov.Core()
+    return openvino_module().Core()
 
 
 def compile_config(runtime: dict[str, Any], threads: int, profile: bool = False) -> dict[str, Any]:
     """The CPU plugin properties of an artifact's runtime options."""
+    hint = runtime.get("ov_hint", "latency")
+    if hint not in HINTS:
+        raise OptimizerError(f"runtime ov_hint: {hint!r} is not one of {', '.join(HINTS)}")
     config: dict[str, Any] = {
-        "PERFORMANCE_HINT": HINTS[runtime.get("ov_hint", "latency")],
+        "PERFORMANCE_HINT": HINTS[hint],
         "INFERENCE_NUM_THREADS": int(runtime.get("intra_op_threads") or threads),
     }
     precision = runtime.get("ov_precision", "default")
@@ -65,8 +100,7 @@ def compile_model(path: Path | str, runtime: dict[str, Any], threads: int, profi
     try:
         return core().compile_model(str(path), "CPU", compile_config(runtime, threads, profile))
     except Exception as e:  # OpenVINO raises RuntimeError with a multi-line message
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OptimizerError(f"{path}: OpenVINO cannot compile it: {first}") from e
+        raise OptimizerError(f"{path}: OpenVINO cannot compile it: {error_line(e)}") from e
 
 
 def _any(value: Any) -> str:
@@ -105,7 +139,7 @@ def capabilities() -> list[str]:
 def op_times(request: Any) -> tuple[dict[str, float], int]:
     """Milliseconds per layer type of the last inference (OpenVINO's performance counters: PERF_COUNT), and the
     number of layers that executed."""
-    import openvino as ov
+    ov = openvino_module()
 
     times: collections.Counter[str] = collections.Counter()
     executed = 0

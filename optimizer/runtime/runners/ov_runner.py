@@ -22,11 +22,17 @@ class OvSession(Session):
         self.input_names = [p.get_any_name() for p in compiled.inputs]
         self.output_names = [p.get_any_name() for p in compiled.outputs]
 
-    def prepare(self, feed: dict[str, np.ndarray]) -> Any:
-        missing = [n for n in self.input_names if n not in feed]
+    def feed_names(self, feed: dict[str, np.ndarray]) -> list[str]:
+        """Per input port, the feed's name for it: a port may be named after a node fused into it (an FP16
+        graph's input Cast) but keeps every name its tensor had."""
+        names = [next((n for n in sorted(p.get_names()) if n in feed), None) for p in self.compiled.inputs]
+        missing = [p.get_any_name() for p, n in zip(self.compiled.inputs, names, strict=True) if n is None]
         if missing:
             raise OptimizerError(f"inputs: the OpenVINO model needs {missing} but the recipe gives {sorted(feed)}")
-        return {n: np.ascontiguousarray(feed[n]) for n in self.input_names}
+        return names  # type: ignore[return-value]
+
+    def prepare(self, feed: dict[str, np.ndarray]) -> Any:
+        return {i: np.ascontiguousarray(feed[n]) for i, n in enumerate(self.feed_names(feed))}
 
     def run(self, prepared: Any) -> Any:
         return self.request.infer(prepared, share_inputs=True, share_outputs=True)
@@ -35,9 +41,9 @@ class OvSession(Session):
         return [np.array(outputs[port]) for port in self.compiled.outputs]
 
     def describe(self) -> dict[str, Any]:
-        import openvino as ov
+        from optimizer.runtime.ov_engine import capabilities, openvino_module, precision_ran
 
-        from optimizer.runtime.ov_engine import capabilities, precision_ran
+        ov = openvino_module()
 
         precision = precision_ran(self.compiled, self.runtime.get("ov_precision", "default"), capabilities())
         return {
@@ -73,11 +79,11 @@ def ov_profile(artifact: Any, recipe: Any, feeds: list[dict[str, np.ndarray]], r
     from optimizer.runtime.runners.ort_runner import RunProfile
 
     compiled = compile_model(artifact.path, artifact.runtime, target_threads(recipe), profile=True)
-    request = compiled.create_infer_request()
-    names = [p.get_any_name() for p in compiled.inputs]
+    session = OvSession(compiled, artifact.runtime, target_threads(recipe))
+    request = session.request
     out = []
     for feed in feeds:
-        inputs = {n: np.ascontiguousarray(feed[n]) for n in names}
+        inputs = session.prepare(feed)
         request.infer(inputs)
         per_run, executed = [], []
         for _ in range(runs):
