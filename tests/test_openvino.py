@@ -243,3 +243,16 @@ def test_openvino_telemetry_is_left_out(tmp_path: Path) -> None:
                          env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "None", out.stderr[-1500:]
     assert not (tmp_path / "intel").exists()
+
+
+@needs_openvino
+def test_ignored_names_that_match_nothing_fail_the_stage_with_the_name(tmp_path: Path) -> None:
+    data = ov_recipe()
+    data["passes"] = [{"type": "export"}, {"type": "openvino"},
+                      {"type": "nncf_int8", "config": {"samples": 4, "ignored_names": ["no_such_node"]}}]
+    data["on_failure"] = "continue"
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = {r.name: r for r in Pipeline(recipe, tmp_path / "run").execute()}
+    stage = records["nncf_int8"]
+    assert stage.status == "failed" and "no_such_node" in (stage.reason or ""), stage.reason
+    assert records["openvino"].status == "ran"  # what ran before it is kept
