@@ -104,7 +104,7 @@ _OUR_PACKAGES = (str(_ROOT / "optimizer") + os.sep, str(_ROOT / "passes") + os.s
 # ours. Anything else (the standard library, pydantic, numpy) raises because of how our code called it.
 MODEL_LIBRARIES = frozenset(
     {"onnxruntime", "torch", "onnx", "onnxscript", "onnx_ir", "transformers", "tokenizers", "safetensors",
-     "tensorrt", "polygraphy", "onnx_graphsurgeon"}
+     "tensorrt", "polygraphy", "onnx_graphsurgeon", "openvino", "nncf"}
 )
 
 
