@@ -21,7 +21,15 @@ from optimizer.core.errors import OptimizerError
 from optimizer.core.stage import StageReport
 from optimizer.deploy.generation import bench_generation, export_generation_bundle, verify_generation
 from optimizer.deploy.openvino_bundle import bench_openvino, export_openvino_bundle, verify_openvino
-from optimizer.deploy.shared import MANIFEST, REFERENCE, bundle_session, graph_io, run_recipe
+from optimizer.deploy.shared import (
+    MANIFEST,
+    REFERENCE,
+    bundle_session,
+    graph_io,
+    output_problems,
+    reference_feeds,
+    run_recipe,
+)
 from optimizer.measure.best import choose_stage
 from optimizer.measure.scenario_best import choose_for_scenario
 from optimizer.report.schema import RunReport
@@ -364,7 +372,6 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
 
 def verify_bundle(root: Path) -> list[str]:
     """Problems found (empty when the bundle is good): checksums, then outputs on the reference inputs."""
-    from optimizer.measure.accuracy import AccuracyMeter
 
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
@@ -400,26 +407,10 @@ def verify_bundle(root: Path) -> list[str]:
         return verify_openvino(root, manifest)
     session = bundle_session(root, manifest)
     names = [o.name for o in session.get_outputs()]
-    tol = manifest["tolerance"]
     with np.load(root / REFERENCE) as ref:
-        scenarios = sorted({k.split("/")[0] for k in ref.files})
-        for scen in scenarios:
-            feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
+        for scen, feed in reference_feeds(ref).items():
             got = session.run(names, {i.name: feed[i.name] for i in session.get_inputs()})
-            meter = AccuracyMeter(names)
-            expected = [ref[f"{scen}/out/{n}"] for n in names]
-            bad = [n for n, e in zip(names, expected, strict=True) if e.dtype.kind == "f" and not np.isfinite(e).all()]
-            if bad:
-                problems.append(f"reference outputs {bad} on {scen} contain NaN/inf: nothing to verify against")
-                continue
-            meter.add(expected, got)
-            for n, acc in meter.per_output.items():
-                scale = float(np.max(np.abs(ref[f"{scen}/out/{n}"]))) or 1.0
-                if acc.cosine < tol["min_cosine"] or acc.max_abs > tol["max_abs_relative"] * scale:
-                    problems.append(
-                        f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
-                        f"outside the tolerance {tol}"
-                    )
+            problems += output_problems(ref, scen, names, got, manifest["tolerance"])
     return problems
 
 
@@ -478,8 +469,7 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
 
     out = {}
     with np.load(root / REFERENCE) as ref, bench_slot(f"bench {root.name}"):
-        for scen in sorted({k.split("/")[0] for k in ref.files}):
-            feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
+        for scen, feed in reference_feeds(ref).items():
             feed = {i.name: feed[i.name] for i in session.get_inputs()}
             warm_up(Bare(), feed, 5)  # type: ignore[arg-type]
             samples = [x for _ in range(rounds) for x in time_calls(Bare(), feed, iterations)]  # type: ignore[arg-type]

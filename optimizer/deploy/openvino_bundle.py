@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
-from optimizer.deploy.shared import REFERENCE, run_recipe
+from optimizer.deploy.shared import REFERENCE, output_problems, reference_feeds, run_recipe
 from optimizer.report.schema import RunReport
 
 MODEL = "model.xml"
@@ -158,31 +158,16 @@ def _session(root: Path, manifest: dict[str, Any]) -> Any:
     return OvSession(compile_model(root / manifest["model"], runtime, threads), runtime, threads)
 
 
-def _reference_feeds(ref: Any) -> dict[str, dict[str, np.ndarray]]:
-    scenarios = sorted({k.split("/")[0] for k in ref.files})
-    return {s: {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{s}/in/")} for s in scenarios}
-
-
 def verify_openvino(root: Path, manifest: dict[str, Any]) -> list[str]:
     """The IR's outputs on the reference inputs within the recorded tolerance."""
-    from optimizer.measure.accuracy import AccuracyMeter
-
     session = _session(root, manifest)
     if not (root / REFERENCE).is_file():
         return [f"{REFERENCE}: missing (the reference outputs verify compares with)"]
-    tol = manifest["tolerance"]
     problems = []
     with np.load(root / REFERENCE) as ref:
-        for scen, feed in _reference_feeds(ref).items():
+        for scen, feed in reference_feeds(ref).items():
             got = session.to_numpy(session.run(session.prepare(feed)))
-            names = session.output_names
-            meter = AccuracyMeter(names)
-            meter.add([ref[f"{scen}/out/{n}"] for n in names], got)
-            for n, acc in meter.per_output.items():
-                scale = float(np.max(np.abs(ref[f"{scen}/out/{n}"]))) or 1.0
-                if acc.cosine < tol["min_cosine"] or acc.max_abs > tol["max_abs_relative"] * scale:
-                    problems.append(f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
-                                    f"outside the tolerance {tol}")
+            problems += output_problems(ref, scen, session.output_names, got, manifest["tolerance"])
     return problems
 
 
@@ -194,7 +179,7 @@ def bench_openvino(root: Path, manifest: dict[str, Any], rounds: int, iterations
     session = _session(root, manifest)
     out = {}
     with np.load(root / REFERENCE) as ref:
-        for scen, feed in _reference_feeds(ref).items():
+        for scen, feed in reference_feeds(ref).items():
             prepared = session.prepare(feed)
             warm_up(session, prepared, 5)
             samples = [x for _ in range(rounds) for x in time_calls(session, prepared, iterations)]

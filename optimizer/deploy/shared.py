@@ -48,6 +48,34 @@ def bundle_session(root: Path, manifest: dict[str, Any], model: str | None = Non
     return ort_session(path, manifest["runtime"]["onnxruntime_session"], int(manifest["runtime"]["threads"]), "cpu")
 
 
+def reference_feeds(ref: Any) -> dict[str, dict[str, Any]]:
+    """Scenario -> its reference inputs, from a bundle's reference.npz (keys `<scenario>/in/<input>`)."""
+    scenarios = sorted({k.split("/")[0] for k in ref.files})
+    return {s: {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{s}/in/")} for s in scenarios}
+
+
+def output_problems(ref: Any, scen: str, names: list[str], got: list[Any], tol: dict[str, Any]) -> list[str]:
+    """A bundle's outputs on one reference scenario against the recorded ones, within the manifest's tolerance
+    (cosine, and max abs relative to the reference's largest value); NaN/inf references are said, not judged."""
+    import numpy as np
+
+    from optimizer.measure.accuracy import AccuracyMeter
+
+    expected = [ref[f"{scen}/out/{n}"] for n in names]
+    bad = [n for n, e in zip(names, expected, strict=True) if e.dtype.kind == "f" and not np.isfinite(e).all()]
+    if bad:
+        return [f"reference outputs {bad} on {scen} contain NaN/inf: nothing to verify against"]
+    meter = AccuracyMeter(names)
+    meter.add(expected, got)
+    problems = []
+    for n, acc in meter.per_output.items():
+        scale = float(np.max(np.abs(ref[f"{scen}/out/{n}"]))) or 1.0
+        if acc.cosine < tol["min_cosine"] or acc.max_abs > tol["max_abs_relative"] * scale:
+            problems.append(f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
+                            f"outside the tolerance {tol}")
+    return problems
+
+
 def run_recipe(report: RunReport) -> Recipe:
     """The recipe the run read, from its report (relative paths resolve where the recipe was)."""
     from optimizer.recipe.loading import parse_recipe

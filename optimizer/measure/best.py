@@ -143,7 +143,7 @@ def best_stage(
     (the reference, within budget by definition): "keep PyTorch" is an answer for one scenario (scenario_best)."""
     source = stages[0].name
     eligible = [s for s in stages if eligibility(stages, scenarios, s) is None]
-    if include_source and stages[0].ok and stages[0].metrics is not None:
+    if include_source and stages[0].ok and stages[0].metrics is not None and stages[0] not in eligible:
         eligible.insert(0, stages[0])
     if not eligible:
         return None, "no stage is within the accuracy budget with a deployable artifact measured in every scenario"
