@@ -68,6 +68,14 @@ class OrtSessionConfig(PassConfig):
         "to 2x slower on x86; values below 1.2e-38 become 0; none: as the input stage has it (off unless an "
         "earlier stage set it)",
     )
+    dynamic_block_base: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="onnxruntime's session.dynamic_block_base: parallel loops hand out work in shrinking blocks "
+        "(block = remaining / (threads x base)) instead of fixed shares, which evens out the small ops of a decode "
+        "step; none: as the input stage has it (off unless an earlier stage set it)",
+    )
     save_optimized: bool = True
 
 
@@ -89,10 +97,11 @@ class OrtSessionPass(Pass):
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
     # 2: a generation artifact's decode graph optimized and saved too; 3: shared_thread_pool, notes; 4: disabled
-    # optimizers; 5: denormal_as_zero
-    version = 5
+    # optimizers; 5: denormal_as_zero; 6: dynamic_block_base
+    version = 6
     requires = ("onnxruntime",)
     handles_generation = True
+    handles_genai_layout = True  # same files, new session options (genai_config.json is copied with the graph)
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
@@ -160,4 +169,6 @@ def session_runtime(cfg: OrtSessionConfig) -> dict[str, Any]:
         runtime["disabled_optimizers"] = list(cfg.disabled_optimizers)
     if cfg.denormal_as_zero is not None:
         runtime["denormal_as_zero"] = cfg.denormal_as_zero
+    if cfg.dynamic_block_base is not None:
+        runtime["dynamic_block_base"] = cfg.dynamic_block_base
     return runtime

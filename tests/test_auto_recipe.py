@@ -76,6 +76,25 @@ def test_causal_lm_folder_is_a_generation_recipe(tmp_path: Path) -> None:
     assert recipe.accuracy.metric == "token_agreement"
 
 
+def test_llama_family_folders_get_genais_layout_and_no_attention_rule_that_declines(tmp_path: Path) -> None:
+    """Llama, Qwen2, Mistral: kv_attention (GPT-2's attention only) fused nothing and still "ran"; these get the
+    decoder in GenAI's layout instead, each option its own stage, where onnxruntime-genai is installed."""
+    from optimizer.recipe.genai_support import builder_architectures
+
+    for arch, mtype in (("LlamaForCausalLM", "llama"), ("Qwen2ForCausalLM", "qwen2"),
+                        ("MistralForCausalLM", "mistral")):
+        config = {"architectures": [arch], "model_type": mtype, "vocab_size": 500, "max_position_embeddings": 4096}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        recipe, _ = recipe_for_model(str(tmp_path), "cpu")
+        names = stages(recipe)
+        assert "kv_attention" not in names
+        if builder_architectures():
+            assert names[-4:] == ["genai_fp32", "genai_pruned", "genai_dbb", "genai_int4"]
+            assert [p.from_ for p in recipe.passes[-4:]] == ["source", None, None, None]
+        else:
+            assert not any(n.startswith("genai") for n in names)
+
+
 def _embedding_graph(path: Path) -> None:
     """ids int64 [N, L] -> Gather from a 50-row table; mask int64 [N, L]; pixels float [N, 3, H, W] -> Conv."""
     table = numpy_helper.from_array(__import__("numpy").zeros((50, 8), "float32"), "table")

@@ -108,7 +108,7 @@ def export_(
     run: str = typer.Argument(..., help="run folder, report.json or run id"),
     stage: str = typer.Option("best", "--stage", help="stage name, or best: fastest within the accuracy budget"),
     fmt: str = typer.Option(
-        "auto", "--format", help="auto (the stage's own) | onnx | tensorrt | triton | openvino"),
+        "auto", "--format", help="auto (the stage's own) | onnx | tensorrt | triton | openvino | genai"),
     out_dir: Path = typer.Option(..., "--out", help="bundle folder (must be new or empty)"),
     scenario: str | None = typer.Option(
         None, "--scenario", help="with --stage best: the fastest stage within the budget in this scenario"),
@@ -117,8 +117,8 @@ def export_(
     from optimizer.deploy.bundle import export_bundle
     from optimizer.report.history import load_report
 
-    if fmt not in ("auto", "onnx", "tensorrt", "triton", "openvino"):
-        raise OptimizerError(f"--format: {fmt!r} is not one of auto, onnx, tensorrt, triton, openvino")
+    if fmt not in ("auto", "onnx", "tensorrt", "triton", "openvino", "genai"):
+        raise OptimizerError(f"--format: {fmt!r} is not one of auto, onnx, tensorrt, triton, openvino, genai")
     opts = options(ctx)
     root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir, scenario)
     written = json.loads((root / "manifest.json").read_text()).get("format", fmt)

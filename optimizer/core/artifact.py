@@ -37,6 +37,9 @@ class Artifact:
     decode: str | None = None
     decode_external_data: list[str] = field(default_factory=list)
     layers: int | None = None
+    # A decoder in ONNX Runtime GenAI's layout (one graph for prefill and decode, the KV cache one buffer written in
+    # place: runtime.generation_shared): the files GenAI's runtime reads beside the graph, genai_config.json first.
+    genai_files: list[str] = field(default_factory=list)
     param_bytes: int | None = None  # a torch source's parameters and buffers
     module: str | None = None  # a torch source's class name
     exporter: str | None = None
@@ -54,7 +57,15 @@ class Artifact:
         extra = [self.path.parent / f for f in self.external_data]
         if self.decode:  # generation: the decode graph (and its weights) beside the prefill graph
             extra += [self.path.parent / f for f in [self.decode, *self.decode_external_data]]
+        extra += [self.path.parent / f for f in self.genai_files]
         return [self.path, *extra]
+
+    def generates(self) -> bool:
+        """A generation artifact: prefill + decode graphs, or one graph in GenAI's layout."""
+        return bool(self.decode or self.genai_files)
+
+    def genai_config_path(self) -> Path | None:
+        return self.path.parent / self.genai_files[0] if self.path is not None and self.genai_files else None
 
     def decoder_layers(self) -> int:
         """The decoder layer count of a generation artifact (its KV cache has two tensors per layer)."""

@@ -157,6 +157,9 @@ class Pass(ABC):
     # Whether the pass handles generation artifacts (a prefill graph plus a decode graph). A pass that does not
     # would silently transform the prefill graph alone, so it declines them.
     handles_generation: ClassVar[bool] = False
+    # Whether it handles a decoder in GenAI's layout (Artifact.genai_files): one graph whose cache is written in
+    # place, with genai_config.json beside it; a pass that does not would lose the config or break the layout.
+    handles_genai_layout: ClassVar[bool] = False
 
     @classmethod
     def environment_reason(cls) -> str | None:
@@ -183,6 +186,8 @@ class Pass(ABC):
             return f"takes {'/'.join(sorted(self.consumes))} artifacts, got {artifact.kind}"
         if artifact.decode and not self.handles_generation:
             return f"{self.name} does not handle generation graphs (prefill + decode with a KV cache) yet"
+        if artifact.genai_files and not self.handles_genai_layout:
+            return f"{self.name} does not handle a decoder in GenAI's layout (one graph, KV cache written in place)"
         return self.environment_reason()
 
     @abstractmethod

@@ -20,6 +20,7 @@ PASSES: dict[str, str] = {
     "substitute": "passes.substitute:SubstitutePass",
     "openvino": "passes.openvino:OpenVinoPass",
     "nncf_int8": "passes.nncf_int8:NncfInt8Pass",
+    "genai_build": "passes.genai_build:GenaiBuildPass",
 }
 
 

@@ -94,6 +94,7 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
     assert artifact is not None  # pick_stage takes only stages with an artifact
     if fmt == "auto":  # the artifact's own format: an ONNX graph, an OpenVINO IR, a TensorRT engine
         fmt = {"openvino": "openvino", "trt_engine": "tensorrt"}.get(artifact.kind, "onnx")
+        fmt = "genai" if artifact.genai_files else fmt
     if artifact.path is not None and not artifact.path.is_file():  # the run folder moved, or a relative path
         artifact = artifact.derive(path=Path(report.run_dir) / (stage.folder or "") / artifact.path.name)
     if fmt == "tensorrt" and artifact.kind != "trt_engine":
@@ -106,7 +107,7 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
             f"--format openvino: stage {stage.name!r} is {artifact.kind}, not an OpenVINO IR (an openvino or "
             "nncf_int8 stage is)"
         )
-    takes = {"onnx": ("onnx",), "triton": ("onnx", "openvino")}.get(fmt)
+    takes = {"onnx": ("onnx",), "triton": ("onnx", "openvino"), "genai": ("onnx",)}.get(fmt)
     if takes is not None and (artifact.kind not in takes or artifact.path is None):
         hint = " (--format openvino takes it)" if artifact.kind == "openvino" else ""
         raise OptimizerError(f"--stage: {stage.name!r} is a {artifact.kind} artifact; --format {fmt} takes "
@@ -126,7 +127,7 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
             specific = _engine_bundle(report, stage, artifact, root)
         elif artifact.kind == "openvino":  # --format openvino, or triton with its OpenVINO backend
             specific = export_openvino_bundle(report, artifact, root, model_name if fmt == "triton" else None)
-        elif artifact.decode:
+        elif artifact.generates() or fmt == "genai":
             specific = export_generation_bundle(report, stage, artifact, fmt, root)
         else:
             specific = _forward_bundle(report, artifact, fmt, root, model_name)
@@ -340,7 +341,7 @@ class _ManifestShape(BaseModel):
     """What verify relies on before it reads anything: the rest is read by the format's own check."""
 
     model_config = ConfigDict(extra="allow")
-    format: Literal["onnx", "triton", "tensorrt", "openvino"]
+    format: Literal["onnx", "triton", "tensorrt", "openvino", "genai"]
     files: dict[str, str]
     model: str | None = None
 

@@ -18,16 +18,22 @@ import numpy as np
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
 from optimizer.core.stage import StageReport
-from optimizer.deploy.shared import REFERENCE, bundle_session, graph_io, run_recipe
+from optimizer.deploy.shared import (
+    GENERATION_TOLERANCE,
+    REFERENCE,
+    bundle_session,
+    graph_io,
+    write_generation_reference,
+)
 from optimizer.report.schema import RunReport
-
-# The reference comes from this very bundle on the same runtime, so a rerun elsewhere differs in rounding only
-# (cosine ~1 - 1e-12); an INT8 variant of the same model is ~1 - 1e-4 and must not pass for this bundle.
-TOLERANCE = {"min_token_agreement": 1.0, "min_logits_cosine": 0.999999}
 
 
 def _generator(root: Path, manifest: dict[str, Any]) -> Any:
+    from optimizer.deploy.genai_bundle import genai_generator, is_genai
     from optimizer.runtime.generation import OrtGenerator
+
+    if is_genai(manifest):  # one graph in GenAI's layout (deploy.genai_bundle)
+        return genai_generator(root, manifest)
 
     prefill, decode = (bundle_session(root, manifest, manifest["graphs"][part]) for part in ("prefill", "decode"))
     return OrtGenerator(prefill, decode, int(manifest["cache"]["layers"]))
@@ -37,9 +43,16 @@ def export_generation_bundle(
     report: RunReport, stage: StageReport, artifact: Artifact, fmt: str, root: Path
 ) -> dict[str, Any]:
     """Fill `root` (new, empty) with the graphs and the reference; returns the manifest (files not yet hashed)."""
+    from optimizer.deploy.genai_bundle import export_genai_bundle
     from optimizer.runtime.generation import cache_names
-    from optimizer.runtime.inputs import build_feeds
 
+    if artifact.genai_files and fmt in ("onnx", "genai"):  # GenAI's folder: ONNX, served by GenAI's runtime too
+        return export_genai_bundle(report, artifact, root)
+    if fmt == "genai":
+        raise OptimizerError(
+            f"--format genai: stage {stage.name!r} is not in ONNX Runtime GenAI's layout (a genai_build stage is); "
+            "its prefill and decode graphs export with --format onnx"
+        )
     if fmt != "onnx":
         raise OptimizerError(
             f"--format {fmt}: stage {stage.name!r} is a generation stage (a loop over a prefill and a decode "
@@ -63,24 +76,16 @@ def export_generation_bundle(
             part: dict(zip(("inputs", "outputs"), graph_io(root / name), strict=True))
             for part, name in (("prefill", artifact.path.name), ("decode", decode.name))
         },  # fmt: skip
-        "tolerance": dict(TOLERANCE),
+        "tolerance": dict(GENERATION_TOLERANCE),
     }
-    recipe = run_recipe(report)
     runtime = {"onnxruntime_session": artifact.runtime, "threads": report.settings.threads}
-    gen = _generator(root, {**manifest, "runtime": runtime})
-    arrays: dict[str, np.ndarray] = {}
-    for sf in build_feeds(recipe, 1, per_scenario=False):
-        prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
-        g = gen.generate(prompt, new)
-        arrays[f"{sf.scenario.name}/prompt"] = prompt
-        arrays[f"{sf.scenario.name}/tokens"] = g.tokens
-        arrays[f"{sf.scenario.name}/logits"] = np.stack(g.step_logits)
-    np.savez(root / REFERENCE, **arrays)
+    write_generation_reference(report, _generator(root, {**manifest, "runtime": runtime}), root)
     return manifest
 
 
 def verify_generation(root: Path, manifest: dict[str, Any]) -> list[str]:
     """Rerun the loop on every reference prompt: same tokens, logits within the tolerance, or say where not."""
+    from optimizer.deploy.genai_bundle import genai_runtime_problems, is_genai
     from optimizer.measure.accuracy import generation_agreement as agreement
     from optimizer.runtime.generation import Generation
 
@@ -88,7 +93,10 @@ def verify_generation(root: Path, manifest: dict[str, Any]) -> list[str]:
     gen = _generator(root, manifest)
     problems = []
     with np.load(root / REFERENCE) as ref:
-        for scen in sorted({k.split("/")[0] for k in ref.files}):
+        scenarios = sorted({k.split("/")[0] for k in ref.files})
+        if is_genai(manifest):  # served by GenAI's own runtime as well: it must give the same tokens
+            problems += genai_runtime_problems(root, ref, scenarios)
+        for scen in scenarios:
             tokens = ref[f"{scen}/tokens"]
             expected = Generation(tokens, list(ref[f"{scen}/logits"]))
             a = agreement(expected, gen.generate(ref[f"{scen}/prompt"], tokens.shape[1]))

@@ -11,6 +11,9 @@ from optimizer.report.schema import RunReport
 
 MANIFEST = "manifest.json"
 REFERENCE = "reference.npz"
+# A generation bundle's reference comes from this very bundle on the same runtime, so a rerun elsewhere differs in
+# rounding only (cosine ~1 - 1e-12); an INT8 variant of the same model is ~1 - 1e-4 and must not pass for it.
+GENERATION_TOLERANCE = {"min_token_agreement": 1.0, "min_logits_cosine": 0.999999}
 
 
 def onnx_dtype(elem_type: int) -> tuple[str, str]:
@@ -81,3 +84,20 @@ def run_recipe(report: RunReport) -> Recipe:
     from optimizer.recipe.loading import parse_recipe
 
     return parse_recipe(report.recipe.to_json(), "report.json", Path(report.recipe_dir or report.run_dir))
+
+
+def write_generation_reference(report: RunReport, gen: Any, root: Path) -> None:
+    """A generation bundle's reference.npz: per scenario, one prompt, the tokens `gen` generates greedily from it
+    and every step's logits (`<scenario>/prompt`, `/tokens`, `/logits`)."""
+    import numpy as np
+
+    from optimizer.runtime.inputs import build_feeds
+
+    arrays: dict[str, Any] = {}
+    for sf in build_feeds(run_recipe(report), 1, per_scenario=False):
+        prompt, new = sf.timing["input_ids"], sf.scenario.new_tokens
+        g = gen.generate(prompt, new)
+        arrays[f"{sf.scenario.name}/prompt"] = prompt
+        arrays[f"{sf.scenario.name}/tokens"] = g.tokens
+        arrays[f"{sf.scenario.name}/logits"] = np.stack(g.step_logits)
+    np.savez(root / REFERENCE, **arrays)

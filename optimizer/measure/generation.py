@@ -8,6 +8,8 @@ token agreement over the generated tokens and the logits cosine step by step (op
 from __future__ import annotations
 
 import gc
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,8 @@ from optimizer.runtime.generation import Generation
 from optimizer.runtime.inputs import FeedSet
 from optimizer.runtime.runners.gen_runner import generator_for
 
+SETTLE_PROMPT = 8  # tokens of the untimed generation that settles a switch between sides
+
 
 def _as_reference(g: Generation) -> list[np.ndarray]:
     return [g.tokens, np.stack(g.step_logits)]
@@ -47,6 +51,42 @@ def _loose(child_rounds: list[list[Generation]], r: int, settings: Any) -> bool:
     """benchmark.target_ci: keep adding rounds until the task time's median is pinned down (or max_rounds)."""
     e2e = [g.e2e_ms for rnd in child_rounds for g in rnd]
     return settings.target_ci > 0 and r < settings.max_rounds and median_ci_halfwidth(e2e) > settings.target_ci
+
+
+def timed_generation_rounds(
+    sides: list[tuple[str, list[Any]]],
+    prompts: list[np.ndarray],
+    new: int,
+    settings: Any,
+    on_round: Callable[[int], None] | None = None,
+) -> tuple[dict[str, list[list[Generation]]], dict[str, list[int]], int]:
+    """Interleaved rounds of whole generations, ABBA, twins taken in turn (measure.harness.instance_for). Each
+    switch between sides settles as forward timing does: `settle_ms` asleep (the other side's pool threads stop
+    spinning) and one short untimed generation on the generator about to be timed (its weights back in cache).
+    Without it the side timed second paid for the first one's spinning threads: two identical graphs then read
+    as one slower than the other. Returns (generations per side per round, generator used per round, rounds)."""
+    runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
+    used: dict[str, list[int]] = {name: [] for name, _ in sides}
+    child_count = len(dict(sides)["child"])
+    r = 0
+    while r < settings.rounds or _loose(runs["child"], r, settings):
+        for name, gens in sides if r % 2 == 0 else sides[::-1]:
+            k = instance_for(r, name == "child", child_count, len(gens))
+            used[name].append(k)
+            if len(sides) > 1:
+                time.sleep(settings.settle_ms / 1000)
+                first = prompts[(r * settings.iterations) % len(prompts)]
+                gens[k].generate(first[:, : min(SETTLE_PROMPT, first.shape[1])], min(2, new), keep_logits=False)
+            runs[name].append(
+                [
+                    gens[k].generate(prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False)
+                    for i in range(settings.iterations)
+                ]
+            )
+        r += 1
+        if on_round:
+            on_round(r)
+    return runs, used, r
 
 
 def measure_generation_stage(
@@ -111,25 +151,12 @@ def measure_generation_stage(
                 for g in gens:
                     for _ in range(max(1, min(settings.warmup, 2))):
                         g.generate(prompt, new, keep_logits=False)
-            runs: dict[str, list[list[Generation]]] = {name: [] for name, _ in sides}
-            used: dict[str, list[int]] = {name: [] for name, _ in sides}  # which generator ran each round
-            r = 0
-
-            while r < settings.rounds or _loose(runs["child"], r, settings):
-                for name, gens in sides if r % 2 == 0 else sides[::-1]:
-                    k = instance_for(r, name == "child", len(child_gens), len(gens))
-                    used[name].append(k)
-                    runs[name].append(
-                        [
-                            gens[k].generate(
-                                prompts[(r * settings.iterations + i) % len(prompts)], new, keep_logits=False
-                            )
-                            for i in range(settings.iterations)
-                        ]
-                    )
-                r += 1
+            def on_round(_: int, name: str = sf.scenario.name) -> None:
+                nonlocal done
                 done += 1
-                progress(f"generating {sf.scenario.name}", done, total)
+                progress(f"generating {name}", done, total)
+
+            runs, used, r = timed_generation_rounds(sides, prompts, new, settings, on_round)
             child = [g for rnd in runs["child"] for g in rnd]
             e2e = latency_of([g.e2e_ms for g in child])
             batch = sf.scenario.batch

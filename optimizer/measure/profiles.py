@@ -247,6 +247,29 @@ def _ort_generation(artifact: Artifact, recipe: Recipe, prompt: np.ndarray, new:
     return GenerationProfile(pre, dec, "onnxruntime")
 
 
+def _genai_generation(artifact: Artifact, recipe: Recipe, prompt: np.ndarray, new: int, reps: int) -> GenerationProfile:
+    """A GenAI-layout decoder: one session serves prefill and decode, so its runs are split by their place in each
+    generation (the first of every `new` runs is the prefill), then profiled as the two sessions are above."""
+    import tempfile
+
+    from optimizer.runtime.runners.gen_runner import genai_generator
+    from optimizer.runtime.runners.ort_runner import profile_runs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = genai_generator(artifact, recipe, profile_prefix=str(Path(tmp) / "genai"))
+        for _ in range(reps + 1):
+            gen.generate(prompt, new, keep_logits=False)
+        events = json.loads(Path(gen.session.end_profiling()).read_text())
+    runs = sorted((ev for ev in events if ev.get("name") == "model_run"), key=lambda ev: ev["ts"])
+    others = [ev for ev in events if ev.get("name") != "model_run"]
+    prefill_runs = [ev for k, ev in enumerate(runs) if k % max(new, 1) == 0]
+    decode_runs = [ev for k, ev in enumerate(runs) if k % max(new, 1) != 0]
+    pre = ort_op_profile(profile_runs(prefill_runs + others))
+    dec = ort_op_profile(profile_runs(decode_runs + others)) if decode_runs else OpProfile()
+    dec.nodes = dec.nodes or None
+    return GenerationProfile(pre, dec, "onnxruntime")
+
+
 def generation_profile(
     artifact: Artifact, recipe: Recipe, gen: Any, prompt: np.ndarray, new: int, reps: int = 3
 ) -> GenerationProfile:
@@ -270,7 +293,9 @@ def generation_profile(
             else OpProfile(),
             "torch",
         )
-    if artifact.kind == "onnx":
+    if artifact.kind == "onnx" and artifact.genai_files:
+        prof = _genai_generation(artifact, recipe, prompt, new, reps)
+    elif artifact.kind == "onnx":
         prof = _ort_generation(artifact, recipe, prompt, new, reps)
     else:
         prof = GenerationProfile(OpProfile(), OpProfile(), "")

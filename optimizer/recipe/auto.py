@@ -19,6 +19,7 @@ import yaml
 
 from optimizer.core.errors import OptimizerError
 from optimizer.recipe.auto_inputs import factory_facts, onnx_facts
+from optimizer.recipe.genai_support import builder_architectures
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.packages import package_dir
 from optimizer.recipe.schema import SCENARIO_PRESETS, Recipe
@@ -168,8 +169,24 @@ FLUSH_DENORMALS: dict[str, Any] = {
     "type": "ort_session", "name": "flush_denormals", "config": {"denormal_as_zero": True}}
 
 
-def default_passes(kind: str, device: str, *, torch_source: bool = True, hf_text: bool = False) -> list[dict[str, Any]]:
-    """The pass list recipes/*.yaml proved for this kind of model and device (see the comments there for why)."""
+# The decoder in ONNX Runtime GenAI's layout (recipes/llama-cpu.yaml): built by GenAI's model builder, then the last
+# position's logits only at prefill, ORT's dynamic block base, then int4 weights with int8 activations; each timed
+# against the one before.
+GENAI_STAGES: list[dict[str, Any]] = [
+    {"type": "genai_build", "name": "genai_fp32", "from": "source"},
+    {"type": "genai_build", "name": "genai_pruned", "config": {"prune_lm_head": True}},
+    {"type": "ort_session", "name": "genai_dbb", "config": {"dynamic_block_base": 4}},
+    {"type": "genai_build", "name": "genai_int4",
+     "config": {"precision": "int4", "prune_lm_head": True, "accuracy_level": 4}},
+]
+KV_ATTENTION_ARCHS = ("GPT2LMHeadModel",)
+
+
+def default_passes(
+    kind: str, device: str, *, torch_source: bool = True, hf_text: bool = False, arch: str | None = None
+) -> list[dict[str, Any]]:
+    """The pass list recipes/*.yaml proved for this kind of model and device (see the comments there for why).
+    arch: a decoder's transformers class, which decides the decoder-specific stages (GenAI's layout, kv_attention)."""
     export = [{"type": "export", **({"config": {"exporter": "dynamo"}} if hf_text else {})}] if torch_source else []
     if kind == "decoder":  # generation: gpt2-cpu.yaml / gpt2-gen-gpu.yaml
         if device == "cuda":
@@ -179,16 +196,20 @@ def default_passes(kind: str, device: str, *, torch_source: bool = True, hf_text
                 {"type": "export", "from": "source"},
                 {"type": "ort_session"},
             ]
-        return [
+        passes = [
             {"type": "export", "from": "source"},
             {"type": "ort_session"},
             {"type": "quantize", "name": "int8_dynamic", "config": {"mode": "int8_dynamic"}},
             {"type": "ort_session", "name": "no_spin", "from": "ort_session", "config": {"allow_spinning": False}},
-            {"type": "fuse", "name": "kv_attention", "config": {"rules": ["kv_attention"]}},
             {**FLUSH_DENORMALS, "from": "no_spin"},
             {"type": "quantize", "name": "int4_weight_only", "from": "no_spin",
              "config": {"mode": "weight_only", "weight_only": {"bits": 4, "block_size": 32}}},
         ]
+        if arch in KV_ATTENTION_ARCHS:  # the decode-graph attention rule knows GPT-2's attention (not rotary)
+            passes.insert(4, {"type": "fuse", "name": "kv_attention", "config": {"rules": ["kv_attention"]}})
+        if arch is not None and arch in builder_architectures():  # llama-cpu.yaml: GenAI's layout
+            passes += GENAI_STAGES
+        return passes
     ort = {"type": "ort_session", **({"config": {"graph_optimization_level": "all"}} if hf_text else {})}
     if device == "cuda":  # minilm-gpu.yaml
         passes = [*export, ort, {"type": "fuse", "config": {"target": "cuda"}},
@@ -262,7 +283,8 @@ def _from_hf(model: str, folder: Path, source: dict[str, Any], device: str) -> t
             data["accuracy"] = {"metric": "cosine", "min": 0.99, "samples": 4}
         kind = "encoder"
     data |= _common(device, kind)
-    data["passes"] = default_passes(kind, device, hf_text=kind == "encoder")
+    arch = (config.get("architectures") or [None])[0] if kind == "decoder" else None
+    data["passes"] = default_passes(kind, device, hf_text=kind == "encoder", arch=arch)
     return data, notes
 
 

@@ -67,7 +67,7 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
     prefill and decode sessions each get their own pools, and spinning threads of one compete with the other's
     for the cores; allow_spinning false makes idle threads sleep instead. shared_thread_pool: every session runs
     on ONNX Runtime's one process-wide pool (see shared_pool) instead of a pool of its own. denormal_as_zero:
-    denormal floats flushed to zero (runtime.denormals)."""
+    denormal floats flushed to zero (runtime.denormals). dynamic_block_base: ORT's session.dynamic_block_base."""
     import onnxruntime as ort
 
     level = runtime.get("graph_optimization_level", "disable_all")
@@ -101,6 +101,8 @@ def session_options(runtime: dict[str, Any], threads: int, optimized_path: str |
             so.add_session_config_entry(key, "1" if spinning else "0")
     if runtime.get("denormal_as_zero"):  # the pool threads; the calling thread: denormals.FlushingSession
         so.add_session_config_entry(ORT_CONFIG_KEY, "1")
+    if runtime.get("dynamic_block_base"):  # work handed out in shrinking blocks: evens out a decode step's small ops
+        so.add_session_config_entry("session.dynamic_block_base", str(int(runtime["dynamic_block_base"])))
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     return so

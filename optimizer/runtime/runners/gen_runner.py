@@ -26,6 +26,20 @@ def ort_generator(artifact: Artifact, recipe: Any, device: str | None = None) ->
     return OrtGenerator(sessions[0], sessions[1], layers)
 
 
+def genai_generator(artifact: Artifact, recipe: Any, profile_prefix: str | None = None) -> Any:
+    """A decoder in GenAI's layout: one session, the KV cache bound in place (runtime.generation_shared)."""
+    from optimizer.runtime.generation_shared import GenaiLayout, SharedBufferGenerator
+    from optimizer.runtime.sessions import ort_session
+
+    config = artifact.genai_config_path()
+    if artifact.path is None or config is None:
+        raise OptimizerError(f"{artifact.path}: not a decoder in GenAI's layout (no genai_config.json)")
+    if recipe.target.device != "cpu":
+        raise OptimizerError("target.device: cuda, but GenAI-layout stages run on the CPU here")
+    session = ort_session(artifact.path, artifact.runtime, target_threads(recipe), "cpu", profile_prefix=profile_prefix)
+    return SharedBufferGenerator(session, GenaiLayout.read(config))
+
+
 def torch_generator(artifact: Artifact, recipe: Any) -> Any:
     """Stage 0 (dynamic cache), or the static_kv_cache / cuda_graph stages built on it (runtime options)."""
     from optimizer.runtime.gpu import cuda_reason
@@ -49,6 +63,8 @@ def torch_generator(artifact: Artifact, recipe: Any) -> Any:
 def generator_for(artifact: Artifact, recipe: Any) -> Any:
     if artifact.kind == "torch":
         return torch_generator(artifact, recipe)
+    if artifact.kind == "onnx" and artifact.genai_files:
+        return genai_generator(artifact, recipe)
     if artifact.kind == "onnx":
         return ort_generator(artifact, recipe)
     raise OptimizerError(f"generation is not supported for {artifact.kind} artifacts yet")
