@@ -13,7 +13,9 @@ from optimizer.core.stage import StageRecord
 from optimizer.report.schema import RunReport
 from optimizer.report.tables import columns, scenario_summary, scenario_title, stage_rows
 
-STATUS_STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "interrupted": "red"}
+STATUS_STYLE = {
+    "ran": "green", "cached": "cyan", "unchanged": "blue", "skipped": "yellow", "failed": "red", "interrupted": "red",
+}
 
 
 class ConsoleEvents:

@@ -23,7 +23,7 @@ from optimizer.core.artifact import Artifact
 from optimizer.core.metrics import ScenarioMetrics, StageMetrics
 
 # "pending": not reached yet, in a report written while the run is going (one that was killed stays so).
-Status = Literal["ran", "cached", "skipped", "failed", "interrupted", "not run", "pending"]
+Status = Literal["ran", "cached", "unchanged", "skipped", "failed", "interrupted", "not run", "pending"]
 
 
 @dataclass

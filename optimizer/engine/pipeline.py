@@ -142,6 +142,11 @@ def debug_from_env() -> bool:
     """OPTIMIZER_DEBUG=1: the test suite sets it (`optimizer --debug` passes debug=True instead)."""
     return os.environ.get("OPTIMIZER_DEBUG", "") not in ("", "0")
 
+UNCHANGED_REASON = (
+    "the pass left its input as it was (nothing it applies matched; its notes say why): not timed, its input's "
+    "numbers stand"
+)
+
 
 class Pipeline:
     """debug: errors of our own code propagate with their traceback instead of becoming a failed stage (a
@@ -355,6 +360,10 @@ class Pipeline:
         return digests is None or all(digests.get(f.name) == file_sha256(f) for f in files)
 
     def _pass(self, rec: StageRecord) -> None:
+        """Run (or reuse) one pass. A pass that reports its output unmodified (PassResult.modified false: fuse with
+        nothing fused, ort_transformers with no fusion) leaves the stage "unchanged": not timed against an
+        identical model (where noise alone can read as a verdict and an explanation of a change that never
+        happened), its input's artifact passed on; its folder keeps the notes that say why."""
         spec = self.recipe.passes[rec.index - 1]
         parent = self.record(rec.parent or SOURCE_STAGE)
         cls = pass_class(spec.type)
@@ -423,12 +432,17 @@ class Pipeline:
                 "pass_seconds": rec.pass_seconds,
                 "file_sizes": {f.name: f.stat().st_size for f in result.artifact.files() if f.is_file()},
                 "file_sha256": {f.name: file_sha256(f) for f in result.artifact.files() if f.is_file()},
+                # nothing done: the pass says so, and the session options are its input's
+                "unchanged": not result.modified and result.artifact.runtime == parent.artifact.runtime,
             }
             rd.write_json(building / rd.STAGE_FILE, info)
             folder = self.run.place(building, rec.index, rec.name)
             rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
             rec.status = "ran"
         rec.folder, rec.measured_against = folder.name, rec.name
+        if info.get("unchanged"):  # the pass changed nothing: its input's model and numbers stand, untimed
+            rec.status, rec.reason = "unchanged", UNCHANGED_REASON
+            rec.artifact, rec.measured_against = parent.artifact, parent.measured_against
 
     @staticmethod
     def _portable(artifact: Artifact, folder: Path) -> dict[str, Any]:

@@ -208,7 +208,7 @@ def findings(report: RunReport) -> list[str]:
                 said = choice["line"]
                 why = "its kernel measured slower on this target than the ops it replaces"
                 out.append(f"{label}: a fusion left out ({why}): {said}")
-        if st.reason and (st.status in ("failed", "skipped", "interrupted") or st.reason.startswith("not measured")):
+        if st.reason and (st.status in ("failed", "skipped", "unchanged", "interrupted") or st.reason.startswith("not measured")):
             out.append(f"{label} {st.status}: {st.reason}")
         m = st.metrics
         if m is None:

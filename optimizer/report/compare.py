@@ -36,15 +36,15 @@ def resolve_side(label: str, spec: str, history: Path | None = None) -> Side:
     if st is None:
         known = ", ".join(s.name for s in report.stages)
         raise OptimizerError(f"{label}: run {run} has no stage {stage!r} (its stages: {known})")
-    if st.status in ("skipped", "failed"):  # its artifact is its parent's (or nothing it made): not this stage
+    if st.status in ("skipped", "unchanged", "failed"):  # its artifact is its parent's (or nothing): not its own
         why = (st.reason or "no reason given").removeprefix(f"{stage}: ")
         if st.status == "failed":
             raise OptimizerError(f"{label}: stage {stage!r} of {run} failed ({why})")
         owner = report.stage(st.parent or "")
-        while owner is not None and owner.status == "skipped":  # a chain of skips: the stage that made the model
+        while owner is not None and owner.status in ("skipped", "unchanged"):  # up to the stage that made the model
             owner = report.stage(owner.parent or "")
         whose = f"its parent {owner.name!r}'s" if owner is not None else "not its own"
-        raise OptimizerError(f"{label}: stage {stage!r} of {run} was skipped ({why}); its model is {whose}")
+        raise OptimizerError(f"{label}: stage {stage!r} of {run} was {st.status} ({why}); its model is {whose}")
     art = st.artifact
     if art is None or art.kind != "onnx" or art.path is None:
         kind = art.kind if art is not None else "no"
