@@ -208,7 +208,8 @@ def findings(report: RunReport) -> list[str]:
                 said = choice["line"]
                 why = "its kernel measured slower on this target than the ops it replaces"
                 out.append(f"{label}: a fusion left out ({why}): {said}")
-        if st.reason and (st.status in ("failed", "skipped", "unchanged", "interrupted") or st.reason.startswith("not measured")):
+        said_why = st.status in ("failed", "skipped", "unchanged", "interrupted")
+        if st.reason and (said_why or st.reason.startswith("not measured")):
             out.append(f"{label} {st.status}: {st.reason}")
         m = st.metrics
         if m is None:

@@ -135,9 +135,13 @@ def build_feeds(recipe: Recipe, samples: int, per_scenario: bool = True) -> Feed
                         feed[name] = np.asarray(enc[name]).astype(np.int64)
                 if not names:
                     names = list(feed)
+            # An input the tokenizer does not return is generated at the tokenized length: a natural-length
+            # scenario tokenizes shorter than its `seq` (RoBERTa's token_type_ids took 128 against 12 tokens).
+            tokenized = next((v.shape[1] for v in feed.values() if v.ndim == 2), None)
+            generated_at = scenario.model_copy(update={"seq": tokenized}) if tokenized else scenario
             for spec in recipe.inputs:
                 if spec.name not in feed:
-                    feed[spec.name] = _generate(spec, scenario, rng)
+                    feed[spec.name] = _generate(spec, generated_at, rng)
                 else:
                     feed[spec.name] = feed[spec.name].astype(spec.dtype)
             feeds.append({n: feed[n] for n in names})
