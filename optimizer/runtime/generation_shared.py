@@ -31,7 +31,6 @@ class GenaiLayout:
     context_length: int
     past: list[str]  # past_key_values.{i}.key / .value, in the cache's order
     present: list[str]
-    dtype: Any
 
     @staticmethod
     def read(config_path: Path) -> GenaiLayout:
@@ -48,7 +47,6 @@ class GenaiLayout:
                 context_length=int(cfg["model"]["context_length"]),
                 past=past,
                 present=present,
-                dtype=np.float32,
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise OptimizerError(f"{config_path}: not a GenAI model config ({type(e).__name__}: {e})") from None
@@ -65,7 +63,7 @@ class SharedBufferGenerator:
         logits = next((o for o in session.get_outputs() if o.name == "logits"), None)
         if logits is None or not isinstance(logits.shape[-1], int):
             raise OptimizerError("a GenAI-layout graph needs a 'logits' output with a fixed vocabulary size")
-        self.vocab = int(logits.shape[-1])
+        self.vocab, self.logits_dtype = int(logits.shape[-1]), _np_type(logits.type)
 
     def generate(self, prompt: np.ndarray, new_tokens: int, keep_logits: bool = True) -> Generation:
         import onnxruntime as ort
@@ -86,7 +84,7 @@ class SharedBufferGenerator:
         # written into `step_ids`, the logits land in `step_logits`, the mask is a prefix of one row of ones.
         mask = np.ones((batch, total), np.int64)
         step_ids = np.zeros((batch, 1), np.int64)
-        step_logits = np.empty((batch, 1, self.vocab), np.float32)
+        step_logits = np.empty((batch, 1, self.vocab), self.logits_dtype)
 
         def bind(name: str, array: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
             bind_fn = binding.bind_output if output else binding.bind_input
