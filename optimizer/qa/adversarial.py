@@ -280,6 +280,22 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
             == "incomplete" else "read as finished")
 
 
+ROUND3 = ("handover", "paths", "validation", "sources", "edge")
+
+
+@dataclass
+class Round3:
+    """What a round-3 case module gets: the outcome to add to, the base recipe, a scratch folder of its own, a
+    compiled run folder of the base recipe and an onnx bundle exported from its ort_session stage (copy them
+    before changing them: other modules read them too)."""
+
+    out: Outcome
+    base: dict[str, Any]
+    work: Path
+    run: Path
+    bundle: Path
+
+
 def run_corpus(base: dict[str, Any]) -> Outcome:
     """Every class on the given (small) recipe: it is compiled once for the bundle, cache and outcome cases."""
     from optimizer.deploy.bundle import export_bundle
@@ -299,6 +315,11 @@ def run_corpus(base: dict[str, Any]) -> Outcome:
         cache_cases(out, base, work)
         factory_cases(out, base, work)
         outcome_cases(out, run, work)
+        for topic in ROUND3:  # issue 28's classes, one module each (optimizer/qa/round3_<topic>.py)
+            import importlib
+
+            importlib.import_module(f"optimizer.qa.round3_{topic}").add_cases(
+                Round3(out=out, base=base, work=work / f"r3-{topic}", run=run, bundle=bundle_dir))
     return out
 
 

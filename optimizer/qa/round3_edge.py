@@ -1,0 +1,9 @@
+"""Adversarial cases of issue 28 (edge); see optimizer/qa/adversarial.py."""
+
+from __future__ import annotations
+
+from optimizer.qa.adversarial import Round3
+
+
+def add_cases(r: Round3) -> None:
+    r.work.mkdir(parents=True, exist_ok=True)
