@@ -76,9 +76,9 @@ def test_accuracy_metrics() -> None:
 
 def test_budget_verdict() -> None:
     acc = {"y": {"cosine": 0.985, "max_abs": 0.2, "max_rel": 0.01, "top1": None}}
-    ok, why = budget_verdict(acc, AccuracyBudget(metric="cosine", min=0.99))
+    ok, why, _ = budget_verdict(acc, AccuracyBudget(metric="cosine", min=0.99))
     assert not ok and "0.985 < 0.99" in why
-    ok, _ = budget_verdict(acc, AccuracyBudget(metric="max_abs", max=0.5))
+    ok, _, _ = budget_verdict(acc, AccuracyBudget(metric="max_abs", max=0.5))
     assert ok
 
 

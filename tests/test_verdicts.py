@@ -45,7 +45,7 @@ def _judge(ref: np.ndarray, got: np.ndarray, mask: np.ndarray, minimum: float = 
     meter = AccuracyMeter(["last_hidden_state"])
     meter.add([ref], [got], mask)
     acc = meter.to_json()
-    ok, why = budget_verdict(acc, AccuracyBudget(min=minimum))
+    ok, why, _ = budget_verdict(acc, AccuracyBudget(min=minimum))
     return ok, why, acc["last_hidden_state"]
 
 

@@ -189,6 +189,9 @@ class OutputAccuracy(Facts):
     cosine_all_positions: float | None = None
     pooled_cosine: float | None = None
     pooled_cosine_mean: float | None = None
+    # [low, high, p]: a 90% interval of the metric's p-quantile, p = 1/(n+1) (measure.accuracy, the budget's edge)
+    cosine_bound: list[float] | None = None
+    pooled_cosine_bound: list[float] | None = None
     token_agreement: float | None = None  # generation
     logits_cosine_min: float | None = None  # generation
 
@@ -253,6 +256,7 @@ class StageMetrics(Facts):
     accuracy: dict[str, OutputAccuracy]  # per output, in the model's output order
     within_budget: bool
     budget: str  # the sentence that says why
+    budget_edge: bool = False  # the budget metric's interval straddles the line: at the edge, not resolved
     scenarios: dict[str, ScenarioMetrics]
     machine_load: MachineLoad | None = None
     op_time_ms: dict[str, float] = {}  # per call (generation: per decode step), from op_time_source's profiler

@@ -16,16 +16,22 @@ Per output, over all samples of all scenarios (a "sample" is one batch row when 
   pooled_cosine  for [batch, seq, hidden] outputs with a mask: the lowest cosine of the mask-weighted mean over the
                  sequence (a sentence embedding), per row; `pooled_cosine_mean` its mean;
   nonfinite      elements that are NaN/inf where the reference's are finite: any fails the budget.
+
+The worst of n samples is an unstable figure (two sets of 40 sentences gave 0.9912 and 0.98999), so cosine and
+pooled_cosine also carry `<metric>_bound`: a 90% interval of the 1/(n+1) quantile (where the worst of another n
+samples typically falls; measure.stats.low_quantile_bound). A stage whose interval straddles the budget is "at the
+edge, not resolved" (Verdict.edge): within or not by its worst sample, but not known to be.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from optimizer.core.errors import OptimizerError
+from optimizer.measure.stats import low_quantile_bound
 from optimizer.recipe.schema import AccuracyBudget, Recipe, budget_metric
 from optimizer.runtime.generation import Generation
 
@@ -105,6 +111,7 @@ class OutputAccuracy:
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "cosine": self.cosine,
+            **_bound("cosine", self._cosines),
             "cosine_mean": float(np.mean(self._cosines)) if self._cosines else 1.0,
             "max_abs": self.max_abs,
             "max_rel": self.max_rel,
@@ -118,7 +125,14 @@ class OutputAccuracy:
         if self.pooled_cosine is not None:
             d["pooled_cosine"] = self.pooled_cosine
             d["pooled_cosine_mean"] = float(np.mean(self._pooled))
+            d |= _bound("pooled_cosine", self._pooled)
         return d
+
+
+def _bound(metric: str, values: list[float]) -> dict[str, Any]:
+    """`<metric>_bound`: [low, high, p] of the metric's p-quantile (p = 1/(n+1)), or nothing below 3 samples."""
+    bound = low_quantile_bound(values)
+    return {} if bound is None else {f"{metric}_bound": [round(bound[1], 8), round(bound[2], 8), round(bound[0], 6)]}
 
 
 def _finite_cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -161,32 +175,52 @@ def compare(
     return meter
 
 
+class Verdict(NamedTuple):
+    """A stage's accuracy against the budget: within it by the point figure (the worst sample), the sentence that
+    says why, and whether the figure's interval straddles the line (at the edge: not resolved either way)."""
+
+    within: bool
+    why: str
+    edge: bool = False
+
+
 def budget_verdict(
     accuracy: dict[str, Any], budget: AccuracyBudget, task: str | None = None, workload: str = "forward"
-) -> tuple[bool, str]:
-    """(within budget, the sentence that says why) for one stage's accuracy dict."""
+) -> Verdict:
+    """The verdict on one stage's accuracy dict (measure.accuracy's JSON per output)."""
     if not accuracy:
-        return True, "no outputs to compare"
+        return Verdict(True, "no outputs to compare")
     name = budget.output or next(iter(accuracy))
     if name not in accuracy:
-        return False, f"accuracy.output {name!r} is not an output (outputs: {', '.join(accuracy)})"
+        return Verdict(False, f"accuracy.output {name!r} is not an output (outputs: {', '.join(accuracy)})")
     bad = {n: a.get("nonfinite", 0) for n, a in accuracy.items() if a.get("nonfinite")}
     if bad:
         where = ", ".join(f"{n}: {k}" for n, k in bad.items())
-        return False, f"NaN/inf where the reference is finite ({where} elements)"
+        return Verdict(False, f"NaN/inf where the reference is finite ({where} elements)")
     metric = budget_metric(budget, task, workload)
     value = accuracy[name].get(metric)
     where = " on kept positions" if accuracy[name].get("positions", "").startswith("kept") else ""
     if value is None:
-        return True, f"{metric} not defined for {name}"
+        return Verdict(True, f"{metric} not defined for {name}")
+    figure = f"{name} {metric}{where} {value:.6g}"
     if budget.min is not None and value < budget.min:
-        return False, f"{name} {metric}{where} {value:.6g} < {budget.min}"
-    if budget.max is not None and value > budget.max:
-        return False, f"{name} {metric}{where} {value:.6g} > {budget.max}"
-    return True, f"{name} {metric}{where} {value:.6g}"
+        within, why = False, f"{figure} < {budget.min}"
+    elif budget.max is not None and value > budget.max:
+        within, why = False, f"{figure} > {budget.max}"
+    else:
+        within, why = True, figure
+    bound = accuracy[name].get(f"{metric}_bound")
+    if bound is None or budget.min is None:
+        return Verdict(within, why)
+    low, high, p = bound
+    edge = low < budget.min <= high
+    side = "straddles" if edge else ("is above" if low >= budget.min else "is below")
+    why += (f" (worst of {round(1 / p) - 1}); its {100 * p:.3g}% quantile "
+            f"{low:.6g}-{high:.6g} (90%) {side} {budget.min}" + (": at the edge, not resolved" if edge else ""))
+    return Verdict(within, why, edge)
 
 
-def recipe_verdict(accuracy: dict[str, Any], recipe: Recipe) -> tuple[bool, str]:
+def recipe_verdict(accuracy: dict[str, Any], recipe: Recipe) -> Verdict:
     """budget_verdict with the recipe's task and workload choosing the default metric."""
     return budget_verdict(accuracy, recipe.accuracy, getattr(recipe.model, "task", None), recipe.workload)
 

@@ -5,9 +5,11 @@ PyTorch source) and was measured in every scenario through a chain of interleave
 Fastest: the highest speedup against stage 0, as the geometric mean over scenarios of the chained interleaved
 ratios (never raw P50s: stages are timed in different sessions and a raw P50 carries its session's drift).
 Ties: candidates whose speed is within noise of the fastest's are tied. Among them, a stage slower than stage 0
-beyond noise is dropped when a tied stage is not; then the fastest wins unless another is materially smaller on
-disk (at least 10% and at least 1 MiB fewer bytes: a few KB between two tiny graphs, or a size measured as equal
-to a rounding, must not outweigh the measured speed), and then the smallest of those does.
+beyond noise is dropped when a tied stage is not, and a stage at the accuracy budget's edge (its figure's interval
+straddles the line: measure.accuracy) when a tied stage is resolved within it; then the fastest wins unless
+another is materially smaller on disk (at least 10% and at least 1 MiB fewer bytes: a few KB between two tiny
+graphs, or a size measured as equal to a rounding, must not outweigh the measured speed), and then the smallest of
+those does.
 
 Two stages are compared through their common ancestor: only the links after it differ, so a branch is judged on
 its own interleaved measurements. Each link's 95% interval is read as a normal interval in log space and the
@@ -136,6 +138,10 @@ def format_size(n_bytes: float) -> str:
     return f"{n_bytes / 2**20:.1f} MB" if n_bytes >= 2**20 else f"{n_bytes / 2**10:.1f} KB"
 
 
+def _at_edge(stage: StageReport) -> bool:
+    return stage.metrics is not None and stage.metrics.budget_edge
+
+
 def best_stage(
     stages: Sequence[StageReport], scenarios: Sequence[str], include_source: bool = False
 ) -> tuple[StageReport | None, str]:
@@ -152,6 +158,9 @@ def best_stage(
     ties = [s for s in eligible if s is fastest or compare(stages, scenarios, s.name, fastest.name).tie]  # type: ignore[union-attr]
     not_slower = [s for s in ties if speed[s.name].high >= 1.0]  # type: ignore[union-attr]
     ties = not_slower or ties  # a stage slower than stage 0 beyond noise loses to one that is not
+    at_edge = [s for s in ties if _at_edge(s)]
+    resolved = [s for s in ties if not _at_edge(s)]
+    ties = resolved or ties  # a stage not known to be within the budget loses to an equally fast one that is
     fastest = max(ties, key=lambda s: speed[s.name].ratio)  # type: ignore[union-attr]
     smaller = [s for s in ties if materially_smaller(s, fastest)]
     chosen = min(smaller, key=_size) if smaller else fastest
@@ -171,6 +180,11 @@ def best_stage(
     elif len(ties) > 1:
         others = ", ".join(f"`{s.name}`" for s in ties if s is not chosen)
         why += f"; also within noise: {others}, none smaller by 10% and 1 MB"
+    if _at_edge(chosen):
+        why += "; its accuracy is at the budget's edge, not resolved (no stage resolved within it is as fast)"
+    elif at_edge and resolved:
+        why += (f"; preferred to {', '.join(f'`{s.name}`' for s in at_edge)}, as fast within noise but at the "
+                "accuracy budget's edge, not resolved")
     faster_rejected = [
         s.name
         for s in stages

@@ -42,10 +42,11 @@ from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
 
 # Part of every cached measurement's key: bump it when what is measured changes, so old numbers are redone.
-MEASURE_VERSION = 17  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle;
+MEASURE_VERSION = 18  # 10: every sample timed in turn, accuracy on kept positions, tail intervals; 11: settle;
 # 12: op-type profiles of PyTorch stages and of the prefill, kernel time per name on CUDA; 13, 14: every scenario
 # profiled, with ORT's slowest nodes by name; 15: generation stages profiled per scenario, TPOT ratio
-# interleaved; 16: twin sessions a side, the ratio's interval includes the instance spread; 17: denormal probe
+# interleaved; 16: twin sessions a side, the ratio's interval includes the instance spread; 17: denormal probe;
+# 18: the accuracy figure's interval (the budget's edge)
 
 Reference = dict[str, list[list[np.ndarray]]]  # scenario -> samples -> outputs
 Progress = Callable[[str, int, int], None]
@@ -218,7 +219,7 @@ def measure_stage(
             else None
         )
         accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
-        within, why = recipe_verdict(accuracy, recipe)
+        verdict = recipe_verdict(accuracy, recipe)
 
         parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
         # Twins: more sessions of the stage and of its parent, timed in turn (measure.harness), loaded after the
@@ -305,8 +306,9 @@ def measure_stage(
             memory=Memory.model_validate(memory),
             gpu_memory_mb=gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)
             accuracy=accuracy,
-            within_budget=within,
-            budget=why,
+            within_budget=verdict.within,
+            budget=verdict.why,
+            budget_edge=verdict.edge,
             scenarios=scenarios,
             # other processes' CPU, steal, load average while this stage was timed
             machine_load=MachineLoad.model_validate(load.result) if load.result else None,

@@ -124,7 +124,7 @@ def measure_generation_stage(
     accuracy = {"generation": worst}
     from optimizer.measure.accuracy import recipe_verdict
 
-    within, why = recipe_verdict(accuracy, recipe)
+    within, why, _ = recipe_verdict(accuracy, recipe)  # no interval: token agreement is judged as measured
     parent_gen = generator_for(parent, recipe) if parent is not None else None
     # Twins: more generators of the stage and of its parent, taken in turn by round (measure.harness)
     child_gens, parent_gens, twin_note = [gen], [parent_gen] if parent_gen is not None else [], None

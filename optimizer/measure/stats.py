@@ -48,6 +48,31 @@ def quantile_ci(samples: list[float] | np.ndarray, q: float, confidence: float =
     return float(a[lower - 1]), float(a[upper - 1])
 
 
+def low_quantile_bound(
+    similarities: list[float] | np.ndarray, confidence: float = 0.90
+) -> tuple[float, float, float] | None:
+    """(p, low, high): an interval, at `confidence` (two-sided), of the p-quantile of similarities like these
+    (cosines <= 1), with p = 1/(n+1): where the worst of another n samples typically falls. The worst of n is
+    the point figure; this says how sure it is. Model: the distances 1 - s are log-normal (errors of quantized
+    or reordered arithmetic are products of many small factors), so the bound on a normal quantile of
+    log(1 - s) is the one-sided tolerance factor from the noncentral t (scipy.stats.nct). None below 3 samples
+    (no spread to estimate)."""
+    from scipy import stats
+
+    s = np.asarray(similarities, dtype=np.float64)
+    n = s.size
+    if n < 3 or not np.isfinite(s).all():
+        return None
+    x = np.log(np.maximum(1.0 - s, 1e-15))  # identical outputs: distance 0 clipped, a bound at ~1 - 1e-15
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    p = 1.0 / (n + 1)
+    z = float(stats.norm.ppf(1 - p))
+    tail = (1 - confidence) / 2
+    k_far = float(stats.nct.ppf(1 - tail, n - 1, z * math.sqrt(n))) / math.sqrt(n)
+    k_near = float(stats.nct.ppf(tail, n - 1, z * math.sqrt(n))) / math.sqrt(n)
+    return p, 1.0 - math.exp(mean + k_far * sd), 1.0 - math.exp(mean + k_near * sd)
+
+
 def calls_to_resolve(q: float, confidence: float = 0.95) -> int:
     """The fewest calls whose q-quantile interval is bounded (the upper rank fits inside the sample)."""
     return math.ceil(math.log((1 - confidence) / 2) / math.log(q))

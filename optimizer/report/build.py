@@ -222,6 +222,9 @@ def findings(report: RunReport) -> list[str]:
             )
         if not m.within_budget:
             out.append(f"{label} is REJECTED: accuracy outside the budget ({m.budget})")
+        elif m.budget_edge:
+            out.append(f"{label} is at the accuracy budget's edge: within it by its worst sample, not known to be "
+                       f"({m.budget}); more accuracy samples would resolve it")
         for scen, sm in m.scenarios.items():
             mixed = sm.inputs is not None and sm.inputs.seq_min != sm.inputs.seq_max
             # A busy machine is said once, above; a natural-length mix spreads by design.
@@ -452,7 +455,8 @@ def _metrics_lines(m: StageMetrics) -> list[str]:
     elif mem is not None:
         lines.append(f"- host memory (in-process growth): {m.memory_mb:.0f} MB {mem.reason or ''}".rstrip())
     if m.budget:
-        lines.append(f"- accuracy: {m.budget} ({'within budget' if m.within_budget else 'REJECTED'})")
+        verdict = "within budget" if m.within_budget else "REJECTED"
+        lines.append(f"- accuracy: {m.budget} ({verdict}{', at the edge' if m.budget_edge else ''})")
     return lines
 
 

@@ -154,7 +154,8 @@ def stage_rows(report: RunReport, scenario: str) -> list[dict[str, str]]:
                 "vs_parent": speed_cell(sm.vs_parent if sm is not None else None),
                 "vs_source": "-" if vs0 is None else f"{vs0:.2f}x",
                 "cosine": _accuracy_cell(first, metric),
-                "budget": "-" if m is None else ("ok" if m.within_budget else "REJECTED"),
+                "budget": "-" if m is None else ("ok" if m.within_budget else "REJECTED") + (" (edge)" if m.budget_edge
+                                                                                         else ""),
                 "size_mb": size_mb_cell(size),
                 "memory_mb": fmt(m.memory_mb if m is not None else None, ".0f"),
                 "ttft": fmt(sm.ttft.p50_ms if sm is not None and sm.ttft is not None else None),
