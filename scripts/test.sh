@@ -7,3 +7,4 @@ bash scripts/setup.sh
 ruff check optimizer passes scripts tests
 lint-imports  # the layers and no-circle contracts in .importlinter
 python -m pytest -q "$@"
+bash scripts/test_oldest_transformers.sh  # the generation tests on the oldest declared transformers

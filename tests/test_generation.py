@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -375,3 +376,23 @@ def test_generation_stages_run_two_loops_a_side_and_widen_both_ratios(tmp_path: 
     sm = report.stages[1].metrics.scenarios["s"]  # type: ignore[union-attr]
     assert sm.vs_parent is not None and sm.vs_parent.in_run_low == m["vs_parent"]["low"]
     assert sm.tpot_vs_parent is not None and sm.tpot_vs_parent.in_run_low == m["tpot_vs_parent"]["low"]
+
+
+def test_cache_keyword_follows_the_forward_signature() -> None:
+    """transformers 5.24 takes the KV cache as `cache`, older versions as `past_key_values`; the wrong keyword
+    falls silently into **kwargs (the model then runs without our cache), so it is read from the signature."""
+    from optimizer.core.errors import OptimizerError
+    from optimizer.runtime.generation import cache_keyword
+
+    class New:
+        def forward(self, input_ids: Any = None, cache: Any = None, **kwargs: Any) -> None: ...
+
+    class Old:
+        def forward(self, input_ids: Any = None, past_key_values: Any = None, **kwargs: Any) -> None: ...
+
+    class Neither:
+        def forward(self, input_ids: Any = None, **kwargs: Any) -> None: ...
+
+    assert cache_keyword(New()) == "cache" and cache_keyword(Old()) == "past_key_values"
+    with pytest.raises(OptimizerError, match="neither"):
+        cache_keyword(Neither())

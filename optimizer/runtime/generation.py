@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.core.errors import OptimizerError
+
 
 @dataclass
 class Generation:
@@ -38,12 +40,27 @@ def _flatten_cache(out: Any) -> list[Any]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword a transformers model's forward takes its KV cache by: `cache` from transformers 5.24,
+    `past_key_values` before it. Passing the wrong one is silent: it falls into **kwargs, the model builds a cache
+    of its own, and a static cache is never filled. Read from the forward's signature, not the version."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise OptimizerError(f"{type(model).__name__}.forward takes its KV cache by neither `cache` nor "
+                         "`past_key_values`: this transformers version is not one the generation loop knows")
+
+
 def wrappers(model: Any) -> tuple[Any, Any, int]:
     """(prefill module, decode module, layers) around a transformers causal LM."""
     import torch
     from transformers import DynamicCache
 
     layers = int(model.config.num_hidden_layers)
+    keyword = cache_keyword(model)
 
     class Prefill(torch.nn.Module):
         def __init__(self) -> None:
@@ -64,7 +81,7 @@ def wrappers(model: Any) -> tuple[Any, Any, int]:
             for i in range(layers):
                 cache.update(past[2 * i], past[2 * i + 1], i)
             out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True, logits_to_keep=1
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1, **{keyword: cache}
             )
             return (out.logits[:, -1, :], *_flatten_cache(out))
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.core.errors import OptimizerError
-from optimizer.runtime.generation import Generation, greedy_loop, torch_snapshot
+from optimizer.runtime.generation import Generation, cache_keyword, greedy_loop, torch_snapshot
 
 MASK_FORMS = ("sdpa", "eager")  # attention implementations whose 4-D mask format this module builds
 # ATen ops that read a tensor's value back to the host (a sync on CUDA, fatal inside graph capture): Python
@@ -77,6 +77,7 @@ class StaticCacheGenerator:
         if cuda_graph and device != "cuda":
             raise OptimizerError("static KV cache: cuda_graph needs target.device: cuda")
         self.model = model.to(device).eval()
+        self.cache_keyword = cache_keyword(self.model)
         self.device, self.cuda_graph = device, cuda_graph
         self._buffers: dict[tuple[int, int], _Buffers] = {}
         self.captures = 0  # graphs captured so far (one per shape): tests and the report read it
@@ -111,7 +112,7 @@ class StaticCacheGenerator:
             input_ids=prompt,
             attention_mask=self._mask(visible),
             position_ids=buf.positions[:seq].view(1, -1).expand(batch, -1),
-            cache=buf.cache,
+            **{self.cache_keyword: buf.cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -127,7 +128,7 @@ class StaticCacheGenerator:
             input_ids=buf.ids,
             attention_mask=self._mask(visible),
             position_ids=position,
-            cache=buf.cache,
+            **{self.cache_keyword: buf.cache},
             use_cache=True,
             logits_to_keep=1,
         )
