@@ -88,6 +88,15 @@ def test_second_feed_of_a_captured_shape_is_not_the_first_feeds_output(fake_cuda
     np.testing.assert_array_equal(session.to_numpy(session.run(pa))[0], 2 * a)
 
 
+def test_first_feed_of_a_captured_shape_after_another_feed_is_its_own(fake_cuda: None) -> None:
+    """Call order 0, 1, 0: the graph was captured with feed 0; its static inputs must not be feed 0's own tensors,
+    or its third run skips the copy and replays feed 1."""
+    session = TorchSession(Doubler(), ["y"], ["x"], 1, device="cpu", cuda_graph=True)
+    pa, pb = (session.prepare({"x": np.full((2, 3), v, np.float32)}) for v in (1.0, 5.0))
+    for prepared, expected in ((pa, 2.0), (pb, 10.0), (pa, 2.0)):  # constants: a CPU tensor shares its array
+        np.testing.assert_array_equal(session.to_numpy(session.run(prepared))[0], np.full((2, 3), expected))
+
+
 class FakeEvent:
     def __init__(self, **_: Any) -> None:
         self.streams: list[Any] = []
@@ -124,18 +133,66 @@ class FakeOrtSession:
         return [SimpleNamespace(name="x")]
 
 
+class HandleStream:
+    """A torch.cuda.Stream with the handles a real device gives: new streams nonzero, the default one 0."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        HandleStream.made += 1
+        self.cuda_stream = 0x5000 + HandleStream.made
+
+
 @pytest.fixture
 def torch_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=77))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=0))  # the legacy stream
+    monkeypatch.setattr(torch.cuda, "Stream", HandleStream)
 
 
-def test_ort_computes_on_the_stream_the_harness_times(torch_stream: None) -> None:
+def test_ort_computes_on_a_stream_of_its_own_never_the_legacy_default(torch_stream: None) -> None:
+    """cudaStreamBeginCapture may not be initiated on the legacy default stream (handle 0), which is what torch's
+    current stream is outside a `torch.cuda.stream` block."""
+    from optimizer.core.errors import OptimizerError
     from optimizer.runtime.sessions import providers_for
 
     (name, options), cpu = providers_for({"cuda_graph": True}, "cuda")
     assert name == "CUDAExecutionProvider" and cpu == "CPUExecutionProvider"
-    assert options["has_user_compute_stream"] == "1" and options["user_compute_stream"] == "77"
+    assert options["has_user_compute_stream"] == "1" and options["user_compute_stream"] != "0"
     assert options["enable_cuda_graph"] == "1"
+    (_, given), _ = providers_for({}, "cuda", compute_stream=0x7777)
+    assert given["user_compute_stream"] == str(0x7777)  # the caller's stream, whose events time the runs
+    with pytest.raises(OptimizerError, match="legacy default stream"):
+        providers_for({}, "cuda", compute_stream=0)
+
+
+def test_ort_cuda_session_records_its_events_on_the_stream_ort_computes_on(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, torch_stream: None
+) -> None:
+    import onnxruntime as ort
+    from conftest import mlp_recipe, write_recipe
+
+    import optimizer.runtime.gpu
+    from optimizer.core.artifact import Artifact
+    from optimizer.recipe.loading import load_recipe
+    from optimizer.runtime.runners.ort_runner import OrtRunner
+
+    class CudaSession(FakeOrtSession):
+        def get_providers(self) -> list[str]:
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+        def run_with_iobinding(self, binding: Any, options: Any = None) -> None:
+            pass
+
+    monkeypatch.setattr(ort, "InferenceSession", CudaSession)
+    monkeypatch.setattr(optimizer.runtime.gpu, "ort_cuda_reason", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
+    with OrtRunner(Artifact("onnx", tmp_path / "m.onnx"), recipe, device="cuda").load() as session:
+        (_, options), _ = session.session.asked
+        session.run((SimpleNamespace(), [], None))
+        assert options["user_compute_stream"] == str(session.stream.cuda_stream) != "0"
+        assert session._events[0].streams == [session.stream] == session._events[1].streams
 
 
 def test_cuda_session_that_fell_back_to_the_cpu_is_refused(

@@ -22,9 +22,11 @@ def ort_session(
     profile_prefix: str | None = None,
     config: dict[str, str] | None = None,
     providers: list[Any] | None = None,
+    compute_stream: int | None = None,
 ) -> Any:
     """An onnxruntime.InferenceSession. path: a file, or a serialized model (bytes). config: session config
-    entries (e.g. session.disable_cpu_ep_fallback). providers: only to override those of the device."""
+    entries (e.g. session.disable_cpu_ep_fallback). providers: only to override those of the device.
+    compute_stream: on CUDA, the handle of the stream ORT computes on (providers_for)."""
     import onnxruntime as ort
 
     from optimizer.runtime.gpu import ort_cuda_reason
@@ -44,7 +46,8 @@ def ort_session(
         # a session that made them again would not run the graph that was measured.
         disabled = list(runtime.get("disabled_optimizers") or [])
         extra = {"disabled_optimizers": disabled} if disabled else {}
-        session = ort.InferenceSession(source, so, providers=providers or providers_for(runtime, device), **extra)
+        chosen = providers or providers_for(runtime, device, compute_stream)
+        session = ort.InferenceSession(source, so, providers=chosen, **extra)
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, NotImplemented)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OptimizerError(f"{where}: onnxruntime cannot load it: {first}") from e
@@ -149,17 +152,24 @@ CUDA_PROVIDER_KEYS = ("enable_cuda_graph", "has_user_compute_stream", "user_comp
 CUDA_RUN_KEYS = ("gpu_graph_id",)
 
 
-def providers_for(runtime: dict[str, Any], device: str) -> list[Any]:
-    """ORT providers for a device. On CUDA, ORT computes on torch's current stream (`user_compute_stream`), so
-    the CUDA events the harness records there time ORT's kernels, not an idle stream beside them."""
+def providers_for(runtime: dict[str, Any], device: str, compute_stream: int | None = None) -> list[Any]:
+    """ORT providers for a device. On CUDA, ORT computes on a stream of its session's own (`user_compute_stream`):
+    the caller's (whose CUDA events then time ORT's kernels: OrtCudaSession), or a new one. Never torch's
+    current stream by default: outside a `torch.cuda.stream` block that is the legacy default stream (handle 0),
+    on which CUDA refuses to begin a graph capture."""
     if device != "cuda":
         return ["CPUExecutionProvider"]
-    import torch
+    if compute_stream is None:
+        import torch
 
+        compute_stream = torch.cuda.Stream().cuda_stream  # torch keeps its streams for the process's life
+    if not compute_stream:
+        raise OptimizerError("onnxruntime on CUDA: the compute stream is the legacy default stream (handle 0), on "
+                             "which CUDA graphs cannot be captured; give the session a stream of its own")
     options = {
         "enable_cuda_graph": "1" if runtime.get("cuda_graph") else "0",
         "has_user_compute_stream": "1",
-        "user_compute_stream": str(torch.cuda.current_stream().cuda_stream),
+        "user_compute_stream": str(compute_stream),
     }
     return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
 

@@ -60,10 +60,11 @@ class OrtSession(Session):
 class OrtCudaSession(OrtSession):
     """CUDA EP with IO binding: inputs copied to the device once in `prepare`, outputs bound on the device, so
     `run` times compute only; with cuda_graph, ORT captures on the first run and replays after (fixed buffers).
-    GPU time comes from CUDA events around the run, recorded on torch's current stream, which is the stream ORT
+    GPU time comes from CUDA events around the run, recorded on the session's own stream, which is the stream ORT
     computes on: the session is opened with it as `user_compute_stream` (providers_for)."""
 
     device_time = True
+    stream: Any = None  # the session's torch.cuda.Stream (OrtRunner gives it)
 
     def prepare(self, feed: dict[str, np.ndarray]) -> Any:
         """Without cuda_graph: the feed on the device, outputs bound there (one binding per feed). With it: one
@@ -113,7 +114,7 @@ class OrtCudaSession(OrtSession):
 
         if not hasattr(self, "_events"):
             self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        self._events[0].record()
+        self._events[0].record(self.stream)
         if len(prepared) == 4:  # a captured shape: this feed into its static buffers, then replay
             binding, static, values, options = prepared
             for name, value in values.items():
@@ -122,7 +123,7 @@ class OrtCudaSession(OrtSession):
         else:
             binding = prepared[0]
             self.session.run_with_iobinding(binding)
-        self._events[1].record()
+        self._events[1].record(self.stream)
         torch.cuda.synchronize()
         return binding
 
@@ -163,9 +164,18 @@ class OrtRunner(Runner):
     def _open(self) -> Session:
         threads = target_threads(self.recipe)
         device = self.target_device
-        session = ort_session(self.artifact.path, self.artifact.runtime, threads, device)
-        cls = OrtCudaSession if device == "cuda" else OrtSession
-        return cls(session, self.artifact.runtime, threads)
+        if device != "cuda":
+            return OrtSession(ort_session(self.artifact.path, self.artifact.runtime, threads), self.artifact.runtime,
+                              threads)
+        import torch
+
+        stream = torch.cuda.Stream()  # ORT computes on it and the timing events are recorded on it
+        session = OrtCudaSession(
+            ort_session(self.artifact.path, self.artifact.runtime, threads, device, compute_stream=stream.cuda_stream),
+            self.artifact.runtime, threads,
+        )
+        session.stream = stream
+        return session
 
 
 TOP_NODES = 40  # nodes kept by name per profile (the slowest): per-node times of every node would bloat metrics

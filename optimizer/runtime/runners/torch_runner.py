@@ -49,21 +49,24 @@ class TorchSession(Session):
         """Warm up on a side stream, capture once per shape. A graph replays from the buffers it was captured with,
         so each prepared feed keeps its own tensors and `run` copies them into the shape's static inputs first
         (a device-to-device copy, as a server feeding a captured graph does); without it a second feed of a
-        captured shape would replay the first feed's inputs."""
+        captured shape would replay the first feed's inputs. The static inputs are clones, never the first feed's
+        own tensors: were they the same, that feed's later runs would skip the copy and replay whatever feed was
+        copied in last (call order 0, 1, 0)."""
         import torch
 
         key = tuple(tuple(t.shape) for t in tensors)
         if key not in self._graphs:
+            static = [t.clone() for t in tensors]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), torch.inference_mode():
                 for _ in range(3):
-                    self.module(*tensors)
+                    self.module(*static)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph), torch.inference_mode():
-                outputs = self.module(*tensors)
-            self._graphs[key] = (graph, tensors, outputs)
+                outputs = self.module(*static)
+            self._graphs[key] = (graph, static, outputs)
         return ("graph", key, tensors)
 
     def run(self, prepared: Any) -> Any:
@@ -76,8 +79,7 @@ class TorchSession(Session):
         if isinstance(prepared, tuple) and prepared and prepared[0] == "graph":
             graph, static, outputs = self._graphs[prepared[1]]
             for buffer, value in zip(static, prepared[2], strict=True):
-                if buffer is not value:
-                    buffer.copy_(value)
+                buffer.copy_(value)
             graph.replay()
         else:
             with torch.inference_mode():
