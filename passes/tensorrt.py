@@ -30,6 +30,11 @@ class TensorRTConfig(PassConfig):
     workspace_gb: float = Field(default=4.0, gt=0, description="workspace memory pool limit")
     timing_cache: bool = Field(default=True, description="keep and reuse timing.cache in the run folder")
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    tf32: bool = Field(
+        default=True,
+        description="let FP32 layers compute in TF32 on tensor cores (Ampere and later): TensorRT's own default; "
+        "false builds strict FP32 (Polygraphy clears the flag unless asked, so it is set explicitly either way)",
+    )
     cross_check: bool = Field(
         default=True, description="check the engine against ONNX Runtime on its source graph (Polygraphy comparator)"
     )
@@ -122,6 +127,7 @@ class TensorRTPass(Pass):
             "optimization_level": cfg.optimization_level,
             "hardware_compatibility": cfg.hardware_compatibility,
             "strongly_typed": True,
+            "tf32": cfg.tf32,  # FP32 layers allowed to compute in TF32
             "profiles": {k: {kk: list(vv) for kk, vv in v.items()} for k, v in profiles.items()},
             "precision": precision,
             "source_graph": artifact.path.name,
@@ -160,6 +166,7 @@ def build_engine(trt: Any, onnx_path: Path, profiles: dict[str, dict[str, tuple[
         builder_optimization_level=cfg.optimization_level,
         memory_pool_limits={trt.MemoryPoolType.WORKSPACE: int(cfg.workspace_gb * 2**30)},
         hardware_compatibility_level=hardware,
+        tf32=cfg.tf32,
         load_timing_cache=str(cache_path) if cfg.timing_cache and cache_path.is_file() else None,
         progress_monitor=progress_monitor(trt, ctx.progress),
     )

@@ -509,3 +509,24 @@ def test_ort_cuda_graph_per_shape_and_each_feed_its_own(monkeypatch: pytest.Monk
     np.testing.assert_array_equal(session.to_numpy(session.run(pc))[0], 2 * c)  # same shape as a, its own data
     np.testing.assert_array_equal(session.to_numpy(session.run(pa))[0], 2 * a)
     assert set(session.session.ids) == {"1", "2"}  # one graph id per shape, never ORT's shared default
+
+
+def test_tensorrt_builds_with_tf32_unless_asked(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polygraphy's CreateConfig clears TensorRT's TF32 flag unless tf32=True: FP32 layers would be built strict
+    (slower than TensorRT's default) without anything saying so. It is the pass's choice, passed either way."""
+    import polygraphy.backend.trt as pg
+
+    import optimizer.runtime.gpu
+    from passes.tensorrt import TensorRTConfig, build_engine
+
+    asked: list[dict[str, Any]] = []
+    monkeypatch.setattr(pg, "Profile", lambda: SimpleNamespace(add=lambda *a, **k: None))
+    monkeypatch.setattr(pg, "NetworkFromOnnxPath", lambda *a, **k: None)
+    monkeypatch.setattr(pg, "CreateConfig", lambda **kw: asked.append(kw))
+    monkeypatch.setattr(pg, "EngineBytesFromNetwork", lambda *a, **k: lambda: b"engine")
+    monkeypatch.setattr(optimizer.runtime.gpu, "tensorrt_major", lambda: 11)
+    trt = SimpleNamespace(MemoryPoolType=SimpleNamespace(WORKSPACE=0), IProgressMonitor=object)
+    ctx = SimpleNamespace(stage_dir=tmp_path, progress=lambda *a: None)
+    for cfg in (TensorRTConfig(), TensorRTConfig(tf32=False)):
+        assert build_engine(trt, tmp_path / "m.onnx", {}, cfg, ctx) == b"engine"  # type: ignore[arg-type]
+    assert [kw["tf32"] for kw in asked] == [True, False]
