@@ -428,12 +428,15 @@ def test_nvml_samples_the_visible_device_and_shuts_down(monkeypatch: pytest.Monk
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
-    with NvmlSampler(interval=0.01) as sampler:
-        import time
+    import threading
 
-        time.sleep(0.05)
+    before = threading.active_count()
+    with NvmlSampler() as sampler:
+        assert threading.active_count() == before  # no thread beside the timed calls (GIL contention)
+        for _ in range(3):  # the harness samples between rounds
+            sampler.sample()
     assert fake.calls[0] == "init" and "index 3" in fake.calls and fake.calls[-1] == "shutdown"
-    assert sampler.summary()["power_max_w"] == 300.0
+    assert sampler.summary()["power_max_w"] == 300.0 and sampler.summary()["samples"] == 3
 
 
 # ---------------------------------------------------------------- ONNX Runtime CUDA graphs: one id per shape

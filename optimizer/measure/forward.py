@@ -246,10 +246,13 @@ def measure_stage(
                 )
                 warm_up_all(parent_session, other.inputs, settings.warmup)
 
-            def tick(r: int, base: int = done, label: str = name) -> None:
-                progress(f"timing {label}", base + r, total)
-
             with NvmlSampler() if recipe.target.device == "cuda" else nullcontext() as sampler:
+
+                def tick(r: int, base: int = done, label: str = name, nvml: Any = sampler) -> None:
+                    if nvml is not None:  # between rounds: no sampling thread contends with the timed calls
+                        nvml.sample()
+                    progress(f"timing {label}", base + r, total)
+
                 measure(child, other, settings, tick)
             done += settings.rounds
             stats = latency_of(child.samples())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from types import TracebackType
 from typing import Any
 
@@ -28,18 +26,17 @@ def device_handle(pynvml: Any) -> Any:
 
 
 class NvmlSampler:
-    """Context manager: samples the device torch computes on every `interval` seconds on a thread; `summary()`
-    after exit; NVML is shut down on exit.
+    """Context manager over NVML for the device torch computes on: `sample()` takes one reading, the harness calls
+    it between timed rounds; `summary()` after exit; NVML is shut down on exit. No sampling thread: one running
+    beside the timed calls contends for the GIL and widens the tails of launch-bound calls. NVML's utilization
+    is the share of its own recent period (1/6 s to 1 s) a kernel ran, so a reading after a round covers it.
 
     Without nvidia-ml-py or a device it samples nothing and `summary()` says why.
     """
 
-    def __init__(self, interval: float = 0.05) -> None:
-        self.interval = interval
+    def __init__(self) -> None:
         self.samples: list[tuple[float, float, float]] = []  # (gpu util %, memory used MB, power W)
         self.reason: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._handle: Any = None
 
     def __enter__(self) -> NvmlSampler:
@@ -51,31 +48,26 @@ class NvmlSampler:
             self._handle = device_handle(pynvml)
         except Exception as e:  # ImportError, or NVML's own errors (no driver, no device)
             self.reason = f"NVML unavailable ({type(e).__name__}: {e})"
-            return self
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
         return self
 
-    def _run(self) -> None:
+    def sample(self) -> None:
+        """One reading (between timed rounds); after an NVML error, none more, with the reason kept."""
+        if self._handle is None:
+            return
         import pynvml
 
-        while not self._stop.is_set():
-            try:
-                util = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
-                mem = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
-                power = pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
-                self.samples.append((float(util.gpu), mem.used / 2**20, power))
-            except Exception as e:
-                self.reason = f"NVML sampling stopped ({e})"
-                return
-            time.sleep(self.interval)
+        try:
+            util = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
+            power = pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+            self.samples.append((float(util.gpu), mem.used / 2**20, power))
+        except Exception as e:
+            self.reason, self._handle = f"NVML sampling stopped ({e})", None
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._handle = None
         if getattr(self, "_initialized", False):
             import pynvml
 
