@@ -12,8 +12,6 @@ breaks capture). Shapes are static per scenario, which is what capture needs; on
 
 from __future__ import annotations
 
-import shutil
-
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
@@ -64,9 +62,7 @@ class CudaGraphPass(Pass):
             return PassResult(out, modified=True, notes={"captured": "torch decode step", **_check_decode(ctx)})
         if artifact.path is None:  # a PyTorch source: nothing to copy, the runner captures the module
             return PassResult(artifact.with_runtime(cuda_graph=True), modified=True, notes={"captured": "torch"})
-        for f in artifact.files():
-            shutil.copyfile(f, ctx.stage_dir / f.name)
-        out = artifact.derive(path=ctx.stage_dir / artifact.path.name, runtime={**artifact.runtime, "cuda_graph": True})
+        out = artifact.copy_to(ctx.stage_dir).with_runtime(cuda_graph=True)  # with its external data
         try:  # capture once now, on the target: fail here, not in the benchmark
             with ctx.session(out, ctx.recipe.target.device) as session:
                 for sf in ctx.feeds:

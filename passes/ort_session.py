@@ -20,7 +20,6 @@ ort_optimized_decode.onnx, the graph run per token) so its node count shows what
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,12 +111,11 @@ class OrtSessionPass(Pass):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
         assert artifact.path is not None
-        model_path = ctx.stage_dir / "model.onnx"
         # Same graphs, new folder: every stage folder holds a complete, deployable artifact (for a generation
         # artifact: the prefill graph as model.onnx, the decode graph and the shared weights under their names,
-        # which the graphs reference).
-        for f in artifact.files():
-            shutil.copyfile(f, ctx.stage_dir / (model_path.name if f == artifact.path else f.name))
+        # which the graphs reference; a source's external data where its graph names it).
+        model_path = artifact.copy_to(ctx.stage_dir, "model.onnx").path
+        assert model_path is not None
         runtime = session_runtime(cfg)
         if "disabled_optimizers" in runtime:  # added to what an earlier stage disabled (fuse's kernel choice)
             inherited = list(artifact.runtime.get("disabled_optimizers") or [])

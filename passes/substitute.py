@@ -19,14 +19,18 @@ from typing import Any
 
 from pydantic import Field
 
-from optimizer.core.artifact import Artifact, file_sha256
+from optimizer.core.artifact import Artifact
 from optimizer.core.errors import InputError, PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 
 
 class SubstituteConfig(PassConfig):
     path: str = Field(description="the ONNX file that becomes this stage's artifact (relative: to the recipe)")
-    sha256: str | None = Field(default=None, description="the file's sha256; when given, a file that differs fails")
+    sha256: str | None = Field(
+        default=None,
+        description="the file's sha256 (with external data, onnx_io.model_sha256: of the graph and its data files); "
+        "when given, a model that differs fails",
+    )
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ class SubstitutePass(Pass):
         src = ctx.recipe.resolve(cfg.path).resolve()
         if not src.is_file():
             raise InputError(f"substitute.path: no such file: {src}")
-        if cfg.sha256 is not None and file_sha256(src) != cfg.sha256:
+        onnx_io.external_data_files(src)  # its data files' bounds, before anything reads them
+        if cfg.sha256 is not None and onnx_io.model_sha256(src) != cfg.sha256:
             raise InputError(f"substitute.path: {src} changed since it was named (its sha256 is not {cfg.sha256})")
         onnx_io.check(src)
         mine, theirs = graph_io(src), graph_io(artifact.path)
@@ -134,7 +139,7 @@ class SubstitutePass(Pass):
             path=path, external_data=mine.external_data, output_names=[t.name for t in mine.outputs], exporter=None,
             opset=mine.opset,
         )
-        notes: dict[str, Any] = {"source_file": str(src), "sha256": cfg.sha256 or file_sha256(src),
+        notes: dict[str, Any] = {"source_file": str(src), "sha256": cfg.sha256 or onnx_io.model_sha256(src),
                                  "runtime": dict(artifact.runtime)}
         if renamed:
             notes["outputs_compared_by_position"] = renamed

@@ -358,7 +358,7 @@ def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
 
     from conftest import mlp_recipe, write_recipe
 
-    from optimizer.core.artifact import Artifact
+    from optimizer.core.artifact import Artifact, file_sha256
     from optimizer.deploy.bundle import export_bundle, unchecked_reason, verify_bundle
     from optimizer.engine.pipeline import Pipeline
     from optimizer.recipe.loading import load_recipe
@@ -377,6 +377,9 @@ def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
         artifact=Artifact("trt_engine", folder / "model.plan"),
     ))
     report.stages.append(trt_stage)
+    plan = folder / "model.plan"  # stage.json as the pipeline writes it: export ships only files it recorded
+    (folder / "stage.json").write_text(json.dumps({"key": trt_stage.key, "status": "ran", "file_sha256": {
+        "model.plan": file_sha256(plan)}, "file_sizes": {"model.plan": plan.stat().st_size}}))
     out = export_bundle(report, "tensorrt", "tensorrt", tmp_path / "bundle")
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["files"]) == {

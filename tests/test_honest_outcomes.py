@@ -68,18 +68,24 @@ def test_a_killed_run_does_not_report_ok(tmp_path: Path) -> None:
 def test_disk_full_writing_the_report_is_one_line_and_the_results_still_show(tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path, mlp_recipe())
     out = tmp_path / "run"
-    # A sitecustomize that makes writes of report.html fail with ENOSPC after writing part of the file.
+    # A sitecustomize that makes writes of report.html fail with ENOSPC after writing part of the file (the
+    # run folder's writes create their temp file with rundir.open_new).
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import errno, pathlib\n"
-        "real = pathlib.Path.write_text\n"
-        "def write_text(self, data, *a, **k):\n"
-        "    if '.report.html.tmp' in self.name:\n"
-        "        real(self, data[:100], *a, **k)\n"
-        f"        raise OSError({errno.ENOSPC}, 'No space left on device')\n"
-        "    return real(self, data, *a, **k)\n"
-        "pathlib.Path.write_text = write_text\n"
+        "import errno\n"
+        "import optimizer.engine.rundir as rd\n"
+        "real = rd.open_new\n"
+        "def open_new(path, mode='wb'):\n"
+        "    f = real(path, mode)\n"
+        "    if '.report.html.tmp' in path.name:\n"
+        "        write = f.write\n"
+        "        def full(data):\n"
+        "            write(data[:100])\n"
+        f"            raise OSError({errno.ENOSPC}, 'No space left on device')\n"
+        "        f.write = full\n"
+        "    return f\n"
+        "rd.open_new = open_new\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{hook}:{TESTS}"}
     proc = subprocess.run(
@@ -177,13 +183,20 @@ def test_report_write_failure_removes_its_temp_file(tmp_path: Path, monkeypatch:
     from optimizer.core.errors import OptimizerError
     from optimizer.engine import rundir
 
-    real = Path.write_text
+    real = rundir.open_new
 
-    def full(self: Path, data: str, *a: Any, **k: Any) -> int:
-        real(self, data[:10], *a, **k)
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full(path: Path, mode: str = "wb") -> Any:  # the temp file fills the disk part way through
+        f = real(path, mode)
+        write = f.write
 
-    monkeypatch.setattr(Path, "write_text", full)
+        def partial(data: Any) -> int:
+            write(data[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        f.write = partial  # type: ignore[method-assign]
+        return f
+
+    monkeypatch.setattr(rundir, "open_new", full)
     with pytest.raises(OptimizerError, match=r"x\.json: cannot write \(No space left on device\)"):
         rundir.write_json(tmp_path / "x.json", {"a": 1})
     monkeypatch.undo()

@@ -15,7 +15,7 @@ import typer
 from optimizer.cli import compare as compare_cmds
 from optimizer.cli import compile as compile_cmds
 from optimizer.cli import runs as runs_cmds
-from optimizer.cli.options import CliOptions
+from optimizer.cli.options import CliOptions, error_line
 from optimizer.core.errors import OptimizerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Model optimization compiler.")
@@ -49,12 +49,12 @@ def main(argv: list[str] | None = None) -> None:
     except OptimizerError as e:
         if opts.debug:
             raise
-        opts.err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        opts.err.print(error_line(str(e)), soft_wrap=True)
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        opts.err.print("[red]error:[/] interrupted")
+        opts.err.print(error_line("interrupted"))
         sys.exit(130)
     except Exception as e:  # click usage errors and the unexpected: one line unless --debug
         if hasattr(e, "show") and isinstance(code := getattr(e, "exit_code", None), int):  # click's usage errors
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(code)
         if opts.debug:
             raise
-        opts.err.print(f"[red]error:[/] {type(e).__name__}: {e} (run with --debug for the traceback)", highlight=False)
+        opts.err.print(error_line(f"{type(e).__name__}: {e} (run with --debug for the traceback)"), soft_wrap=True)
         sys.exit(1)
 
 

@@ -58,7 +58,7 @@ def prepare_model_recipe(model: str, device: str, out_dir: Path | None = None, n
     its path. A recipe.yaml there that auto did not write, or one edited since, is never overwritten: that is one
     error line saying to run it instead. measure: the compile will measure, so a target this machine cannot run
     is that error line before anything is written."""
-    from optimizer.engine.rundir import write_text
+    from optimizer.engine.rundir import check_run_folder, write_text
     from optimizer.recipe.auto import RERUN, recipe_for_model
 
     recipe, text = recipe_for_model(model, device, name=name)
@@ -75,6 +75,7 @@ def prepare_model_recipe(model: str, device: str, out_dir: Path | None = None, n
         if edited(existing):
             raise OptimizerError(f"{path} was edited since it was generated; run `{rerun}`, or delete it to "
                                  "regenerate")
+    check_run_folder(run_dir)  # a folder of the user's files gets no recipe.yaml (nor, then, a run)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

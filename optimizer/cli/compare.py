@@ -5,7 +5,6 @@ Only typer and rich at import time; the command imports what does its work in it
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import typer
 
 from optimizer.cli.options import fail, options
+from optimizer.core.jsonio import strict_json_dumps
 
 app = typer.Typer()
 
@@ -97,7 +97,7 @@ def compare(
     if source.status == "failed":
         fail(opts, f"A: {source.reason}", 2 if source.notes.get("error_kind") == "input" else 1)
     if fmt == "json":
-        print(json.dumps(s, indent=2))
+        print(strict_json_dumps(s, indent=2))
     elif fmt == "md":
         print(compare_markdown(s))
     else:

@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from optimizer.cli.options import fail, options
+from optimizer.cli.options import error_line, fail, options, styled, warning_line
 from optimizer.core.errors import OptimizerError
 
 app = typer.Typer()
@@ -31,7 +31,8 @@ def validate(ctx: typer.Context, recipe: Path = typer.Argument(..., help="recipe
 
     r = load_recipe(recipe)
     stages = " -> ".join(["source", *(f"{p.stage_name}" + (f" (from {p.from_})" if p.from_ else "") for p in r.passes)])
-    options(ctx).out.print(f"[green]ok[/] {recipe}: {len(r.passes)} passes, {len(r.scenarios)} scenarios: {stages}")
+    options(ctx).out.print(styled(("ok", "green"), f" {recipe}: {len(r.passes)} passes, {len(r.scenarios)} scenarios: "
+                                  f"{stages}"), soft_wrap=True)
 
 
 @app.command("compile")
@@ -89,13 +90,15 @@ def compile_(
     paths = _recipe_paths(recipes, opts)
     if len(paths) == 1 and backend == "local":  # --workers N: the pipeline's fan-out (the hybrid search's nodes)
         r = load_recipe(paths[0])
-        _compile_one(opts, paths[0], r, out_dir or Path("runs") / r.name, no_cache, no_bench, no_history, mlflow_uri,
-                     workers)
+        run_dir = out_dir or Path("runs") / r.name
+        _check_run_dirs([run_dir])
+        _compile_one(opts, paths[0], r, run_dir, no_cache, no_bench, no_history, mlflow_uri, workers)
         return
     loaded, codes = _load_all(paths, opts)
     run_dirs = {path: (out_dir or Path("runs")) / r.name for path, r in loaded.items()}
     if len(paths) == 1 and out_dir is not None:
         run_dirs = {path: out_dir for path in loaded}
+    _check_run_dirs(list(run_dirs.values()))
     if workers == 1 and backend == "local":
         for path, r in loaded.items():
             codes.append(_exit_code(opts, lambda p=path, r=r: _compile_one(  # type: ignore[misc]
@@ -114,6 +117,15 @@ def compile_(
     if worst:
         failing = sum(1 for c in codes if c)
         fail(opts, f"{failing} of {len(paths)} recipes did not finish cleanly (see above)", worst)
+
+
+def _check_run_dirs(run_dirs: list[Path]) -> None:
+    """Before anything runs: a run folder that is a folder of the user's files is refused (the pipeline refuses it
+    too; here it is also the driver's, which workers on other hosts send their results into)."""
+    from optimizer.engine.rundir import check_run_folder
+
+    for run_dir in run_dirs:
+        check_run_folder(run_dir)
 
 
 def _recipe_paths(recipes: list[Path], opts: Any) -> list[Path]:
@@ -142,7 +154,7 @@ def _load_all(paths: list[Path], opts: Any) -> tuple[dict[Path, Any], list[int]]
         try:
             r = load_recipe(path)
         except OptimizerError as e:
-            opts.err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+            opts.err.print(error_line(str(e)), soft_wrap=True)
             codes.append(2)
             continue
         if r.name in names:
@@ -162,7 +174,7 @@ def _exit_code(opts: Any, run: Any) -> int:
     except OptimizerError as e:
         if opts.debug:
             raise
-        opts.err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        opts.err.print(error_line(str(e)), soft_wrap=True)
         return 2
     return 0
 
@@ -234,13 +246,12 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
         except OptimizerError as e:
             mlflow_error = str(e)
     if mlflow_error:
-        opts.err.print(f"[yellow]warning:[/] not logged to MLflow: {mlflow_error}", highlight=False, soft_wrap=True)
+        opts.err.print(warning_line(f"not logged to MLflow: {mlflow_error}"), soft_wrap=True)
     if history_error:
-        opts.err.print(f"[yellow]warning:[/] run not recorded in the run history: {history_error}", highlight=False,
-                       soft_wrap=True)
+        opts.err.print(warning_line(f"run not recorded in the run history: {history_error}"), soft_wrap=True)
     if write_errors and not save_error:
-        opts.err.print(f"[yellow]warning:[/] during the run: {write_errors[0]} (the final report was written)",
-                       highlight=False, soft_wrap=True)
+        opts.err.print(warning_line(f"during the run: {write_errors[0]} (the final report was written)"),
+                       soft_wrap=True)
     if interrupted:
         fail(opts, "interrupted; finished stages are kept and a re-run resumes from them", 130)
     if save_error:
@@ -268,7 +279,7 @@ def _compile_pooled(opts: Any, loaded: dict[Path, Any], run_dirs: dict[Path, Pat
     def stage_line(recipe: str, index: int, stage: str, status: str, reason: str | None) -> None:
         style = STATUS_STYLE.get(status, "white")
         why = f": {reason}" if reason else ""
-        opts.out.print(f"{recipe}: {index:02d} {stage} [{style}]{status}[/]{why}", highlight=False, soft_wrap=True)
+        opts.out.print(styled(f"{recipe}: {index:02d} {stage} ", (status, style), why), soft_wrap=True)
 
     def done_line(result: Any) -> None:
         what = "failed to run" if result.error else "interrupted" if result.interrupted else "done"
@@ -306,7 +317,7 @@ def _compile_pooled(opts: Any, loaded: dict[Path, Any], run_dirs: dict[Path, Pat
     for job, path in zip(jobs, loaded, strict=True):
         result = next(x for x in results if x.job.recipe_path == job.recipe_path)
         if result.error:
-            opts.err.print(f"[red]error:[/] {path}: {result.error}", highlight=False, soft_wrap=True)
+            opts.err.print(error_line(f"{path}: {result.error}"), soft_wrap=True)
             codes.append(result.error_code)
             continue
         if result.interrupted and not result.records:
@@ -333,6 +344,7 @@ def report_(ctx: typer.Context, run: str = typer.Argument(..., help="run folder,
 def passes(ctx: typer.Context) -> None:
     """List every registered pass and whether it can run on this machine."""
     from rich.table import Table
+    from rich.text import Text
 
     from optimizer.core.registry import PASSES, pass_class
 
@@ -346,6 +358,6 @@ def passes(ctx: typer.Context) -> None:
             name,
             "/".join(sorted(cls.consumes)),
             cls.summary,
-            "[green]available[/]" if reason is None else f"[yellow]unavailable: {reason}[/]",
+            Text("available", "green") if reason is None else Text(f"unavailable: {reason}", "yellow"),
         )
     options(ctx).out.print(table)

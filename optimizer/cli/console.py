@@ -1,13 +1,26 @@
-"""Terminal output: live progress while stages run, and the per-scenario stage table at the end."""
+"""Terminal output: live progress while stages run, and the per-scenario stage table at the end.
+
+Nothing here is markup: stage names, reasons and table cells are plain text, our colours are Text styles (see
+options.MARKUP), so a reason that mentions "[/data]" is printed as it is.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from optimizer.core.stage import StageRecord
 from optimizer.report.schema import RunReport
@@ -18,6 +31,14 @@ STATUS_STYLE = {
 }
 
 
+class WhatColumn(ProgressColumn):
+    """The task's `what` field: a Text keeps its style, anything else is plain text (never markup)."""
+
+    def render(self, task: Task) -> Text:
+        what = task.fields.get("what", "")
+        return what if isinstance(what, Text) else Text(str(what))
+
+
 class ConsoleEvents:
     """Pipeline events -> a rich progress display: one line per stage, with a bar while it is timed."""
 
@@ -25,9 +46,9 @@ class ConsoleEvents:
         self.console = console
         self.progress = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
-            TextColumn("{task.fields[what]}"),
+            WhatColumn(),
             TimeElapsedColumn(),
             console=console,
             transient=False,
@@ -55,7 +76,7 @@ class ConsoleEvents:
             return
         style = STATUS_STYLE.get(rec.status, "white")
         text = rec.status + (f": {rec.reason}" if rec.reason else "")
-        self.progress.update(task, what=f"[{style}]{text}[/]", completed=1, total=1)
+        self.progress.update(task, what=Text(text, style), completed=1, total=1)
 
 
 def stage_tables(report: RunReport) -> list[Table]:
@@ -72,9 +93,8 @@ def stage_tables(report: RunReport) -> list[Table]:
                 header, justify="left" if key in ("stage", "parent", "status") else "right", overflow="fold"
             )
         for row in stage_rows(report, scen.name):
-            style = STATUS_STYLE.get(row["status"], "")
-            cells = [row[k] for k, _ in cols]
-            cells[2] = f"[{style}]{cells[2]}[/]" if style else cells[2]
+            cells: list[str | Text] = [row[k] for k, _ in cols]
+            cells[2] = Text(str(cells[2]), STATUS_STYLE.get(row["status"], ""))
             table.add_row(*cells)
         tables.append(table)
     return tables
@@ -107,5 +127,5 @@ def scenario_best_table(report: RunReport) -> Table | None:
         table.add_column(h, justify=justify)  # type: ignore[arg-type]
     for scen, w in best.per_scenario.items():
         name = f"{w.stage} (keep stage 0)" if w.keep_source else w.stage
-        table.add_row(escape(scen), escape(name), f"{w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f})")
+        table.add_row(scen, name, f"{w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f})")
     return table

@@ -6,13 +6,15 @@ Only typer and rich at import time; each command imports what does its work in i
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
-from optimizer.cli.options import fail, options
+from optimizer.cli.options import error_line, fail, options, styled
 from optimizer.core.errors import OptimizerError
+from optimizer.core.jsonio import strict_json_dumps
 
 app = typer.Typer()
 
@@ -65,9 +67,9 @@ def diff(
         raise OptimizerError(f"{mismatch}; their stages are not the same computation (--different-models to compare)")
     d = diff_reports(ra, rb)
     if mismatch and fmt != "json":
-        opts.out.print(f"[yellow]note:[/] {mismatch}: the ratios below compare two models, not passes", highlight=False)
+        opts.out.print(styled(("note:", "yellow"), f" {mismatch}: the ratios below compare two models, not passes"))
     if fmt == "json":
-        print(json.dumps(d, indent=2))
+        print(strict_json_dumps(d, indent=2))
     elif fmt == "md":
         print(to_markdown(d))
     else:
@@ -114,15 +116,34 @@ def export_(
         None, "--scenario", help="with --stage best: the fastest stage within the budget in this scenario"),
 ) -> None:
     """Write a deployable bundle: model, manifest.json (checksums, I/O, numbers), reference inputs/outputs."""
-    from optimizer.deploy.bundle import export_bundle
-    from optimizer.report.history import load_report
+    from optimizer.deploy.staging import Interrupts
 
     if fmt not in ("auto", "onnx", "tensorrt", "triton", "openvino", "genai"):
         raise OptimizerError(f"--format: {fmt!r} is not one of auto, onnx, tensorrt, triton, openvino, genai")
     opts = options(ctx)
-    root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir, scenario)
+    interrupts = Interrupts().install()  # Ctrl-C and SIGTERM: exit 130, the staging folder removed
+    try:
+        # what the export runs, imported before it writes anything: an import cut short by Ctrl-C leaves a
+        # half-initialised extension module behind, which can crash the process later
+        import onnxruntime  # noqa: F401
+        import polygraphy.comparator  # noqa: F401
+
+        from optimizer.deploy.bundle import export_bundle
+        from optimizer.report.history import load_report
+
+        root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir, scenario, interrupts)
+    except BaseException:
+        if not interrupts.fired:
+            raise
+        # Cleaned up already (the exception unwound the staging folder); no interpreter teardown after an
+        # interrupt, which may have cut an extension module's initialisation short.
+        opts.err.print(error_line(f"interrupted; nothing was written to {out_dir}"), soft_wrap=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    interrupts.ignore()
     written = json.loads((root / "manifest.json").read_text()).get("format", fmt)
-    opts.out.print(f"[green]exported[/] {escape(str(root))} ({written})")
+    opts.out.print(styled(("exported", "green"), f" {root} ({written})"))
 
 
 @app.command()
@@ -136,9 +157,9 @@ def verify(ctx: typer.Context, bundle: Path = typer.Argument(..., help="bundle f
         fail(opts, f"{bundle}: " + "; ".join(problems), 1)
     reason = unchecked_reason(bundle)
     if reason:
-        opts.out.print(f"[green]ok[/] {bundle}: checksums match; outputs not checked here: {reason}")
+        opts.out.print(styled(("ok", "green"), f" {bundle}: checksums match; outputs not checked here: {reason}"))
         return
-    opts.out.print(f"[green]ok[/] {bundle}: checksums match, outputs within tolerance")
+    opts.out.print(styled(("ok", "green"), f" {bundle}: checksums match, outputs within tolerance"))
 
 
 @app.command()

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
-
 from optimizer.cli.console import scenario_best_table, stage_tables, summary_table
-from optimizer.cli.options import CliOptions
+from optimizer.cli.options import CliOptions, styled
 from optimizer.engine.rundir import RunDir
 from optimizer.report.schema import RunReport
 from optimizer.report.tables import tail_note
@@ -21,8 +19,8 @@ def show_report(report: RunReport, run_dir: Path, opts: CliOptions) -> None:
         writer = RunDir(run_dir).writer_pid()
         state = f"still running (pid {writer})" if writer else "killed before it finished (no process holds it)"
         out.print(
-            f"[yellow]outcome: incomplete[/]: the run was {state}; not reached: {', '.join(pending) or '-'}. "
-            "Re-run the same compile to resume from the finished stages.", highlight=False,
+            styled(("outcome: incomplete", "yellow"), f": the run was {state}; not reached: "
+                   f"{', '.join(pending) or '-'}. Re-run the same compile to resume from the finished stages.")
         )
     for table in stage_tables(report):
         out.print(table)
@@ -32,24 +30,24 @@ def show_report(report: RunReport, run_dir: Path, opts: CliOptions) -> None:
     if opts.debug:
         for st in report.stages:
             if st.notes.get("traceback"):
-                err.print(f"{st.name}:\n{st.notes['traceback']}", highlight=False, markup=False)
+                err.print(f"{st.name}:\n{st.notes['traceback']}", highlight=False)
     out.print(
-        "[dim]vs parent: stage and parent timed interleaved in one session (~ = within noise); "
-        "P50/P99 come from that same session, so compare stages through the ratios.[/]"
+        "vs parent: stage and parent timed interleaved in one session (~ = within noise); "
+        "P50/P99 come from that same session, so compare stages through the ratios.", style="dim"
     )
     note = tail_note(report)
     if note:
-        out.print(f"[dim]{note}[/]", highlight=False)
+        out.print(note, style="dim", highlight=False)
     for line in report.findings:
-        out.print(f"[yellow]![/] {line}", highlight=False)
+        out.print(styled(("!", "yellow"), f" {line}"))
     if report.best is not None and report.best.stage:
-        out.print(f"[bold]best[/]: {escape(report.best.why)}", highlight=False)
+        out.print(styled(("best", "bold"), f": {report.best.why}"))
         table = scenario_best_table(report)
         if table is not None:
             out.print(table)
         if report.best.advice:
-            out.print(f"[bold]per scenario[/]: {escape(report.best.advice)}; `optimizer export RUN --stage best "
-                      "--scenario NAME` exports a scenario's winner", highlight=False)
+            out.print(styled(("per scenario", "bold"), f": {report.best.advice}; `optimizer export RUN --stage best "
+                             "--scenario NAME` exports a scenario's winner"))
     run_id = report.history_id
     out.print(
         f"report: {run_dir / 'report.json'}, {run_dir / 'report.md'}, {run_dir / 'report.html'}  "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -59,6 +61,23 @@ class Artifact:
             extra += [self.path.parent / f for f in [self.decode, *self.decode_external_data]]
         extra += [self.path.parent / f for f in self.genai_files]
         return [self.path, *extra]
+
+    def copy_to(self, folder: Path, name: str | None = None) -> Artifact:
+        """The same artifact in `folder`: the model under `name` (default: its own), every other file under its
+        path relative to the model's folder, which is how the graph names it (external data at `weights/x.bin`
+        stays below the copy). A name that would land outside `folder` is refused, never copied."""
+        assert self.path is not None
+        target = folder / (name or self.path.name)
+        plan = {self.path: target}
+        for f in self.files()[1:]:
+            rel = Path(os.path.relpath(f, self.path.parent))
+            if rel.is_absolute() or ".." in rel.parts:
+                raise OptimizerError(f"{self.path}: its file {str(f)!r} is outside the model's folder; not copied")
+            plan[f] = folder / rel
+        for src, dst in plan.items():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+        return self.derive(path=target)
 
     def generates(self) -> bool:
         """A generation artifact: prefill + decode graphs, or one graph in GenAI's layout."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Facts(BaseModel):
@@ -27,7 +27,7 @@ class Facts(BaseModel):
 
     def to_json(self, exclude: set[str] | None = None) -> dict[str, Any]:
         """The fields that were set (given, or assigned since), with the extra ones; Python values, so that an
-        infinite float stays a float (json writes it as Infinity, as report.json always had it)."""
+        infinite float stays a float in memory (the writer, core.jsonio, puts null in the file)."""
         return self.model_dump(exclude_unset=True, exclude=exclude)
 
 
@@ -146,7 +146,11 @@ class ScenarioMetrics(Facts):
     throughput: Throughput
     iterations: int | None = None  # timed calls (or generations) of the stage
     rounds: int | None = None
-    median_ci_halfwidth: float | None = None  # relative; infinite when too few calls to say
+    median_ci_halfwidth: float | None = Field(
+        default=None,
+        description="relative half-width of the median's 95% interval; null (in memory: infinite) when the calls "
+        "taken cannot bound it (fewer than 6, or a zero median)",
+    )
     inputs: InputsMix | None = None
     samples_ms: list[float] | None = None  # every timed call, kept for diff's between-run bootstrap
     parent_latency: Latency | None = None  # the input's calls in the same interleaved session
@@ -180,8 +184,8 @@ class OutputAccuracy(Facts):
 
     cosine: float  # the lowest per-sample cosine on kept positions (generation: logits before divergence)
     cosine_mean: float | None = None
-    max_abs: float | None = None
-    max_rel: float | None = None
+    max_abs: float | None = Field(default=None, description="null: infinite, NaN/inf where the reference is finite")
+    max_rel: float | None = Field(default=None, description="null: infinite, NaN/inf where the reference is finite")
     top1: float | None = None
     positions: str | None = None  # "kept by the attention mask" | "all"
     samples: int | None = None
@@ -294,12 +298,20 @@ class SweepRow(Facts):
     memory_growth_mb: float
 
 
+class SweepSkip(Facts):
+    """A batch the sweep did not time: its inputs cannot fit in memory (engine.sweep)."""
+
+    batch: int
+    reason: str
+
+
 class BatchSweep(Facts):
     """One stage across batch sizes and the batching to deploy (engine.sweep); only `why` when nothing was swept."""
 
     stage: str | None = None
     seq: int | None = None
     rows: list[SweepRow] = []
+    skipped: list[SweepSkip] | None = None  # batches not timed, with the reason; the rows are those that fit
     latency_budget_ms: float | None = None
     memory_budget_mb: float | None = None
     max_batch: int | None = None

@@ -8,30 +8,38 @@ applies, and the sha256 of every file. `triton` lays the same out as a Triton mo
 
 from __future__ import annotations
 
-import json
 import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, field_validator
 
 from optimizer.core.artifact import Artifact, file_sha256
 from optimizer.core.errors import OptimizerError
+from optimizer.core.jsonio import strict_json_dumps
 from optimizer.core.stage import StageReport
 from optimizer.deploy.generation import bench_generation, export_generation_bundle, verify_generation
+from optimizer.deploy.manifest import file_problems, load_bundle, read_manifest, reference_problems
 from optimizer.deploy.openvino_bundle import bench_openvino, export_openvino_bundle, verify_openvino
 from optimizer.deploy.shared import (
     MANIFEST,
     REFERENCE,
     bundle_session,
+    feed_for,
     graph_io,
     output_problems,
+    pbtxt_string,
     reference_feeds,
+    reference_key,
     run_recipe,
 )
+from optimizer.deploy.staging import Interrupts, out_lock, staged
 from optimizer.measure.best import choose_stage
 from optimizer.measure.scenario_best import choose_for_scenario
+from optimizer.report.run_folder import stage_artifact
 from optimizer.report.schema import RunReport
 
 # Triton's data types by ONNX TensorProto type name (Triton's model_config.proto DataType); FLOAT8 and other
@@ -86,17 +94,24 @@ def _precision(stage: StageReport) -> dict[str, Any]:
     return {"mode": "fp32"}
 
 
-def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scenario: str | None = None) -> Path:
+def export_bundle(
+    report: RunReport,
+    stage_name: str,
+    fmt: str,
+    out: Path,
+    scenario: str | None = None,
+    interrupts: Interrupts | None = None,
+) -> Path:
     """Write the bundle into a staging folder beside `out` and move it into place only when it is complete, so a
-    failed export leaves nothing half-written behind. scenario: "best" means that scenario's winner."""
+    failed or interrupted export leaves nothing half-written behind; one export at a time per `out`. The model is
+    the one in the run folder (report.run_dir), as the run recorded it (report.run_folder). scenario: "best" means
+    that scenario's winner. interrupts: the CLI's (deploy.staging.Interrupts)."""
     stage = pick_stage(report, stage_name, scenario)
-    artifact = stage.artifact
-    assert artifact is not None  # pick_stage takes only stages with an artifact
+    assert stage.artifact is not None  # pick_stage takes only stages with an artifact
+    artifact = stage_artifact(report, stage)
     if fmt == "auto":  # the artifact's own format: an ONNX graph, an OpenVINO IR, a TensorRT engine
         fmt = {"openvino": "openvino", "trt_engine": "tensorrt"}.get(artifact.kind, "onnx")
         fmt = "genai" if artifact.genai_files else fmt
-    if artifact.path is not None and not artifact.path.is_file():  # the run folder moved, or a relative path
-        artifact = artifact.derive(path=Path(report.run_dir) / (stage.folder or "") / artifact.path.name)
     if fmt == "tensorrt" and artifact.kind != "trt_engine":
         raise OptimizerError(
             f"--format tensorrt: stage {stage.name!r} is {artifact.kind}, not a TensorRT engine "
@@ -112,15 +127,8 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
         hint = " (--format openvino takes it)" if artifact.kind == "openvino" else ""
         raise OptimizerError(f"--stage: {stage.name!r} is a {artifact.kind} artifact; --format {fmt} takes "
                              f"{' or '.join(k.upper() if k == 'onnx' else 'OpenVINO' for k in takes)} stages{hint}")
-    if out.exists() and not out.is_dir():
-        raise OptimizerError(f"--out: {out} exists and is a file; give a new or empty folder")
-    if out.exists() and any(out.iterdir()):
-        raise OptimizerError(f"--out: {out} exists and is not empty")
-    staging = out.parent / f".{out.name}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        model_name = report.recipe.name.replace("-", "_")
+    model_name = report.recipe.name.replace("-", "_")
+    with out_lock(out), staged(out, interrupts) as staging:
         root = staging / model_name if fmt == "triton" else staging
         root.mkdir(parents=True, exist_ok=True)
         if fmt == "tensorrt":
@@ -132,12 +140,7 @@ def export_bundle(report: RunReport, stage_name: str, fmt: str, out: Path, scena
         else:
             specific = _forward_bundle(report, artifact, fmt, root, model_name)
         _write_manifest(report, stage, artifact, fmt, model_name, root, specific)
-        if out.exists():
-            out.rmdir()  # checked empty above
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        load_bundle(root)  # what verify and bench will read: checked before it is handed over
     return out / model_name if fmt == "triton" else out
 
 
@@ -149,18 +152,17 @@ def _forward_bundle(report: RunReport, artifact: Artifact, fmt: str, root: Path,
     assert artifact.path is not None
     model_dir = root / "1" if fmt == "triton" else root
     model_dir.mkdir(parents=True, exist_ok=True)
-    for f in artifact.files():
-        shutil.copyfile(f, model_dir / ("model.onnx" if f == artifact.path else f.name))
+    bundled = artifact.copy_to(model_dir, "model.onnx")  # its external data where the graph names it
     recipe = run_recipe(report)
     arrays: dict[str, np.ndarray] = {}
     feeds, results = [], []
-    bundled = artifact.derive(path=model_dir / "model.onnx")  # its external data was copied beside it
     with OrtRunner(bundled, recipe).load() as session:
         for sf in build_feeds(recipe, 1, per_scenario=False):
             outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
-            arrays.update({f"{sf.scenario.name}/in/{k}": v for k, v in sf.timing.items()})
+            scen = sf.scenario.name
+            arrays.update({reference_key(scen, "in", k): v for k, v in sf.timing.items()})
             arrays.update(
-                {f"{sf.scenario.name}/out/{n}": o for n, o in zip(session.output_names, outputs, strict=True)}
+                {reference_key(scen, "out", n): o for n, o in zip(session.output_names, outputs, strict=True)}
             )
             feeds.append({k: sf.timing[k] for k in session.input_names})
             results.append(dict(zip(session.output_names, outputs, strict=True)))
@@ -187,10 +189,28 @@ def _polygraphy_reference(root: Path, feeds: list[dict[str, np.ndarray]], output
     from polygraphy.comparator import RunResults
     from polygraphy.json import save_json
 
-    save_json(feeds, str(root / POLYGRAPHY_INPUTS), description="optimizer bundle reference inputs")
-    results = RunResults()
-    results.add(outputs, runner_name="optimizer-reference")
-    results.save(str(root / POLYGRAPHY_OUTPUTS))
+    with _torch_unavailable():
+        save_json(feeds, str(root / POLYGRAPHY_INPUTS), description="optimizer bundle reference inputs")
+        results = RunResults()
+        results.add(outputs, runner_name="optimizer-reference")
+        results.save(str(root / POLYGRAPHY_OUTPUTS))
+
+
+@contextmanager
+def _torch_unavailable() -> Iterator[None]:
+    """Polygraphy asks, of every array it stores, whether it is a torch tensor, by importing torch (its lazy
+    module's is_importable): seconds of an import export does not need, and a Ctrl-C landing inside torch's import
+    crashed the process. Our arrays are numpy's: while polygraphy writes them, torch reads as not importable (a
+    None in sys.modules makes `import torch` raise ImportError) unless this process has it loaded already."""
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
 
 
 def _engine_bundle(report: RunReport, stage: StageReport, artifact: Artifact, root: Path) -> dict[str, Any]:
@@ -215,9 +235,9 @@ def _engine_bundle(report: RunReport, stage: StageReport, artifact: Artifact, ro
     with np.load(ref_path) as ref:
         for sf in build_feeds(recipe, 1, per_scenario=False):
             scen = sf.scenario.name
-            arrays.update({f"{scen}/in/{k}": v for k, v in sf.timing.items()})
+            arrays.update({reference_key(scen, "in", k): v for k, v in sf.timing.items()})
             for j, name in enumerate(names):
-                arrays[f"{scen}/out/{name}"] = ref[f"{scen}|0|{j}"]
+                arrays[reference_key(scen, "out", name)] = ref[f"{scen}|0|{j}"]
             feeds.append(dict(sf.timing))
             results.append({name: ref[f"{scen}|0|{j}"] for j, name in enumerate(names)})
     np.savez(root / REFERENCE, **arrays)
@@ -276,7 +296,7 @@ def _write_manifest(
     }
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
     manifest["files"] = {str(p.relative_to(root)): file_sha256(p) for p in files}
-    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    (root / MANIFEST).write_text(strict_json_dumps(manifest, indent=2))  # other tools read it: strict JSON
 
 
 def triton_config(
@@ -299,16 +319,17 @@ def triton_config(
         kind = t.get("onnx_type") or t["dtype"].upper()
         if kind not in TRITON_TYPES:
             raise OptimizerError(f"--format triton: tensor {t['name']!r} has type {kind}, which Triton has no type for")
-        return f'  {{\n    name: "{t["name"]}"\n    data_type: {TRITON_TYPES[kind]}\n    dims: [ {dims_txt} ]\n  }}'
+        name = pbtxt_string(t["name"])
+        return f"  {{\n    name: {name}\n    data_type: {TRITON_TYPES[kind]}\n    dims: [ {dims_txt} ]\n  }}"
 
     level = TRITON_GRAPH_LEVEL[runtime.get("graph_optimization_level", "disable_all")]
     gpu = report.settings.device == "cuda"
 
     def param(key: str, value: object) -> str:
-        return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+        return f"parameters {{ key: {pbtxt_string(key)} value: {{ string_value: {pbtxt_string(str(value))} }} }}"
 
     lines = [
-        f'name: "{name}"',
+        f"name: {pbtxt_string(name)}",
         'platform: "onnxruntime_onnx"',
         f"max_batch_size: {max_batch}",
         "input [\n" + ",\n".join(tensor(t) for t in inputs) + "\n]",
@@ -337,69 +358,23 @@ def triton_config(
     return "\n".join(lines) + "\n"
 
 
-class _ManifestShape(BaseModel):
-    """What verify relies on before it reads anything: the rest is read by the format's own check."""
-
-    model_config = ConfigDict(extra="allow")
-    format: Literal["onnx", "triton", "tensorrt", "openvino", "genai"]
-    files: dict[str, str]
-    model: str | None = None
-
-    @field_validator("files")
-    @classmethod
-    def _plain_names(cls, files: dict[str, str]) -> dict[str, str]:
-        bad = [name for name in files if not name or "\x00" in name]
-        if bad:
-            raise ValueError(f"file name {bad[0]!r} is empty or holds a NUL")
-        return files
-
-    @field_validator("model")
-    @classmethod
-    def _plain_model(cls, model: str | None) -> str | None:
-        if model is not None and "\x00" in model:
-            raise ValueError("the model path holds a NUL")
-        return model
-
-
-def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
-    try:
-        data = json.loads(path.read_text())
-        _ManifestShape.model_validate(data)
-    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-        first = str(e).strip().splitlines()
-        return None, " ".join(first[:3])[:300]
-    return data, ""
-
-
 def verify_bundle(root: Path) -> list[str]:
-    """Problems found (empty when the bundle is good): checksums, then outputs on the reference inputs."""
-
-    manifest_path = root / MANIFEST
-    if not manifest_path.is_file():
-        return [f"{manifest_path}: missing"]
-    manifest, why = _read_manifest(manifest_path)
-    if manifest is None:
-        return [f"{manifest_path}: not a bundle manifest ({why})"]
-    problems = []
-    inside = root.resolve()
-    named = [*manifest["files"], *([manifest["model"]] if manifest.get("model") else [])]
-    outside = [rel for rel in named if not (root / rel).resolve().is_relative_to(inside)]
-    if outside:  # never read (or run) anything the manifest points at outside the bundle
-        return [f"{rel}: outside the bundle; a manifest may name only files inside it" for rel in outside]
-    listed = {str(Path(rel)) for rel in manifest["files"]} | {MANIFEST}
-    problems += [
-        f"{p.relative_to(root)}: not in the manifest (added after export?)"
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and str(p.relative_to(root)) not in listed
-    ]
-    for rel, digest in manifest["files"].items():
-        path = root / rel
-        if not path.is_file():
-            problems.append(f"{rel}: missing")
-        elif file_sha256(path) != digest:
-            problems.append(f"{rel}: sha256 differs from the manifest (the file was changed)")
+    """Problems found (empty when the bundle is good): the manifest's shape and bounds, checksums, the reference,
+    then outputs on the reference inputs (deploy.manifest is the one reader of what a bundle holds)."""
+    try:
+        manifest = read_manifest(root)
+    except OptimizerError as e:
+        return [str(e)]
+    problems = file_problems(root, manifest) or reference_problems(root, manifest)
     if problems:
         return problems
+    try:
+        return _run_checks(root, manifest)
+    except OptimizerError as e:  # a reference that does not fit the model, a model ONNX Runtime cannot load
+        return [str(e)]
+
+
+def _run_checks(root: Path, manifest: dict[str, Any]) -> list[str]:
     if manifest.get("workload") == "generation":
         return verify_generation(root, manifest)
     if manifest["format"] == "tensorrt":
@@ -408,17 +383,20 @@ def verify_bundle(root: Path) -> list[str]:
         return verify_openvino(root, manifest)
     session = bundle_session(root, manifest)
     names = [o.name for o in session.get_outputs()]
+    problems = []
     with np.load(root / REFERENCE) as ref:
         for scen, feed in reference_feeds(ref).items():
-            got = session.run(names, {i.name: feed[i.name] for i in session.get_inputs()})
+            got = session.run(names, feed_for(feed, [i.name for i in session.get_inputs()], scen))
             problems += output_problems(ref, scen, names, got, manifest["tolerance"])
     return problems
 
 
 def unchecked_reason(root: Path) -> str | None:
     """Why verify could not run a bundle's model here (a TensorRT engine without TensorRT or a GPU), or None."""
-    manifest_path = root / MANIFEST
-    if not manifest_path.is_file() or json.loads(manifest_path.read_text()).get("format") != "tensorrt":
+    try:
+        if read_manifest(root).get("format") != "tensorrt":
+            return None
+    except OptimizerError:
         return None
     from optimizer.runtime.gpu import tensorrt_reason
 
@@ -437,10 +415,9 @@ def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
     problems = []
     artifact = Artifact("trt_engine", root / manifest["model"], {"cuda_graph": False})
     with TrtRunner(artifact, None).load() as session, np.load(root / REFERENCE) as ref:
-        for scen in sorted({k.split("/")[0] for k in ref.files}):
-            feed = {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{scen}/in/")}
+        for scen, feed in reference_feeds(ref).items():
             got = session.to_numpy(session.run(session.prepare(feed)))
-            meter = compare([ref[f"{scen}/out/{n}"] for n in names], got, names, mask_of(feed))
+            meter = compare([ref[reference_key(scen, "out", n)] for n in names], got, names, mask_of(feed))
             if meter.worst_cosine() < manifest["tolerance"]["min_cosine"]:
                 problems.append(
                     f"engine outputs on {scen}: cosine {meter.worst_cosine():.6f} below {manifest['tolerance']}"
@@ -455,7 +432,7 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
     from optimizer.measure.harness import time_calls, warm_up
     from optimizer.measure.stats import LatencyStats
 
-    manifest = json.loads((root / MANIFEST).read_text())
+    manifest = load_bundle(root)  # checked: files inside it and as exported, options and threads in bounds
     if manifest.get("workload") == "generation":
         with bench_slot(f"bench {root.name}"):  # its loading too: deploy.generation loads and times in one go
             return bench_generation(root, manifest, rounds, iterations)
@@ -471,7 +448,7 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
     out = {}
     with np.load(root / REFERENCE) as ref, bench_slot(f"bench {root.name}"):
         for scen, feed in reference_feeds(ref).items():
-            feed = {i.name: feed[i.name] for i in session.get_inputs()}
+            feed = feed_for(feed, [i.name for i in session.get_inputs()], scen)
             warm_up(Bare(), feed, 5)  # type: ignore[arg-type]
             samples = [x for _ in range(rounds) for x in time_calls(Bare(), feed, iterations)]  # type: ignore[arg-type]
             out[scen] = {

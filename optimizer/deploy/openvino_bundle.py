@@ -4,17 +4,24 @@ those options on this machine's CPU."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
-from optimizer.deploy.shared import REFERENCE, output_problems, reference_feeds, run_recipe
+from optimizer.deploy.manifest import OvRuntime, validation_line
+from optimizer.deploy.shared import (
+    REFERENCE,
+    output_problems,
+    pbtxt_string,
+    reference_feeds,
+    reference_key,
+    run_recipe,
+)
 from optimizer.report.schema import RunReport
 
 MODEL = "model.xml"
@@ -44,8 +51,10 @@ def export_openvino_bundle(
         for sf in feeds:
             scen = sf.scenario.name
             outputs = session.to_numpy(session.run(session.prepare(sf.timing)))
-            arrays.update({f"{scen}/in/{k}": sf.timing[k] for k in session.feed_names(sf.timing)})  # type: ignore[attr-defined]
-            arrays.update({f"{scen}/out/{n}": o for n, o in zip(session.output_names, outputs, strict=True)})
+            fed = session.feed_names(sf.timing)  # type: ignore[attr-defined]
+            arrays.update({reference_key(scen, "in", k): sf.timing[k] for k in fed})
+            named = zip(session.output_names, outputs, strict=True)
+            arrays.update({reference_key(scen, "out", n): o for n, o in named})
         compiled = session.compiled  # type: ignore[attr-defined]
         names = session.feed_names(next(iter(feeds)).timing)  # type: ignore[attr-defined]
         inputs = [{**_port(p), "name": n} for p, n in zip(compiled.inputs, names, strict=True)]
@@ -82,13 +91,13 @@ def triton_openvino_config(
                                  "type for")
         dims = ", ".join(str(d) if isinstance(d, int) else "-1" for d in t["shape"])
         kind = TRITON_OV_TYPES[t["dtype"]]
-        return f'  {{\n    name: {json.dumps(t["name"])}\n    data_type: {kind}\n    dims: [ {dims} ]\n  }}'
+        return f"  {{\n    name: {pbtxt_string(t['name'])}\n    data_type: {kind}\n    dims: [ {dims} ]\n  }}"
 
     def param(key: str, value: object) -> str:
-        return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+        return f"parameters {{ key: {pbtxt_string(key)} value: {{ string_value: {pbtxt_string(str(value))} }} }}"
 
     lines = [
-        f"name: {json.dumps(name)}",
+        f"name: {pbtxt_string(name)}",
         'backend: "openvino"',
         "max_batch_size: 0",
         "input [\n" + ",\n".join(tensor(t) for t in inputs) + "\n]",
@@ -111,40 +120,17 @@ def triton_openvino_config(
     return "\n".join(lines) + "\n"
 
 
-class _OvOptions(BaseModel):
-    """The compile options an OpenVINO manifest may carry (runtime.ov_engine), checked before OpenVINO sees them."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    ov_precision: Literal["default", "f32", "bf16"] = "default"
-    ov_hint: Literal["latency", "throughput"] = "latency"
-    ov_streams: int | None = Field(default=None, ge=1, le=1024)
-    ov_denormals: bool | None = None
-    intra_op_threads: int | None = Field(default=None, ge=1, le=1024)
-
-
-class _OvManifest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str
-    tolerance: dict[str, float]
-    benchmark: dict[str, Any] = {}
-
-
 def runtime_of(manifest: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """The manifest's compile options and threads, checked: one line naming the field when they are not usable."""
+    """The manifest's compile options and threads, checked by the bundle reader's model (deploy.manifest.OvRuntime:
+    allowed values, threads bounded by this machine); one line naming the field when they are not usable."""
     runtime = manifest.get("runtime")
     if not isinstance(runtime, dict) or not isinstance(runtime.get("openvino"), dict):
         raise OptimizerError("manifest.json: runtime.openvino: a mapping of compile options is required")
     try:
-        options = _OvOptions.model_validate(runtime["openvino"]).model_dump(exclude_none=True)
-        _OvManifest.model_validate(manifest)
+        checked = OvRuntime.model_validate(runtime)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise OptimizerError(f"manifest.json: {where}: {err['msg']}") from None
-    threads = runtime.get("threads")
-    if type(threads) is not int or not 1 <= threads <= 1024:
-        raise OptimizerError(f"manifest.json: runtime.threads: {threads!r} is not a thread count (1-1024)")
-    return options, threads
+        raise OptimizerError(validation_line(e, "manifest.json", ("runtime",))) from None
+    return checked.openvino.model_dump(exclude_none=True), checked.threads
 
 
 def _session(root: Path, manifest: dict[str, Any]) -> Any:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from optimizer.core.errors import OptimizerError
+from optimizer.deploy.manifest import MANIFEST, REFERENCE, reference_key, split_key
 from optimizer.recipe.schema import Recipe
 from optimizer.report.schema import RunReport
 
-MANIFEST = "manifest.json"
-REFERENCE = "reference.npz"
+__all__ = ["MANIFEST", "REFERENCE", "reference_key", "split_key"]
 # A generation bundle's reference comes from this very bundle on the same runtime, so a rerun elsewhere differs in
 # rounding only (cosine ~1 - 1e-12); an INT8 variant of the same model is ~1 - 1e-4 and must not pass for it.
 GENERATION_TOLERANCE = {"min_token_agreement": 1.0, "min_logits_cosine": 0.999999}
@@ -47,14 +48,29 @@ def bundle_session(root: Path, manifest: dict[str, Any], model: str | None = Non
     """A CPU session on one of the bundle's graphs (default: its model) with the runtime options it records."""
     from optimizer.runtime.sessions import ort_session
 
-    path = root / (model or manifest["model"])
+    path = root / (model or manifest["model"])  # checked inside the bundle, threads bounded: manifest.read_manifest
     return ort_session(path, manifest["runtime"]["onnxruntime_session"], int(manifest["runtime"]["threads"]), "cpu")
 
 
 def reference_feeds(ref: Any) -> dict[str, dict[str, Any]]:
-    """Scenario -> its reference inputs, from a bundle's reference.npz (keys `<scenario>/in/<input>`)."""
-    scenarios = sorted({k.split("/")[0] for k in ref.files})
-    return {s: {k.split("/")[2]: ref[k] for k in ref.files if k.startswith(f"{s}/in/")} for s in scenarios}
+    """Scenario -> its reference inputs, from a bundle's reference.npz (keys `<scenario>/in/<input>`, the input's
+    name whole even where it holds '/': manifest.split_key)."""
+    feeds: dict[str, dict[str, Any]] = {}
+    for key in ref.files:
+        scenario, part, name = split_key(key)
+        feeds.setdefault(scenario, {})
+        if part == "in":
+            feeds[scenario][name] = ref[key]
+    return dict(sorted(feeds.items()))
+
+
+def feed_for(feed: dict[str, Any], names: list[str], scenario: str) -> dict[str, Any]:
+    """The inputs a model takes, from a scenario's reference inputs; one line naming the one missing."""
+    missing = [n for n in names if n not in feed]
+    if missing:
+        raise OptimizerError(f"{REFERENCE}: scenario {scenario!r} has no input {missing[0]!r} (the model takes "
+                             f"{names})")
+    return {n: feed[n] for n in names}
 
 
 def output_problems(ref: Any, scen: str, names: list[str], got: list[Any], tol: dict[str, Any]) -> list[str]:
@@ -64,7 +80,10 @@ def output_problems(ref: Any, scen: str, names: list[str], got: list[Any], tol: 
 
     from optimizer.measure.accuracy import AccuracyMeter
 
-    expected = [ref[f"{scen}/out/{n}"] for n in names]
+    missing = [n for n in names if reference_key(scen, "out", n) not in ref.files]
+    if missing:
+        return [f"{REFERENCE}: scenario {scen!r} has no output {missing[0]!r} (the model gives {names})"]
+    expected = [ref[reference_key(scen, "out", n)] for n in names]
     bad = [n for n, e in zip(names, expected, strict=True) if e.dtype.kind == "f" and not np.isfinite(e).all()]
     if bad:
         return [f"reference outputs {bad} on {scen} contain NaN/inf: nothing to verify against"]
@@ -72,11 +91,19 @@ def output_problems(ref: Any, scen: str, names: list[str], got: list[Any], tol: 
     meter.add(expected, got)
     problems = []
     for n, acc in meter.per_output.items():
-        scale = float(np.max(np.abs(ref[f"{scen}/out/{n}"]))) or 1.0
+        scale = float(np.max(np.abs(ref[reference_key(scen, "out", n)]))) or 1.0
         if acc.cosine < tol["min_cosine"] or acc.max_abs > tol["max_abs_relative"] * scale:
             problems.append(f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
                             f"outside the tolerance {tol}")
     return problems
+
+
+def pbtxt_string(text: str) -> str:
+    """A string literal of protobuf's text format (Triton's config.pbtxt): quotes, backslashes and control bytes
+    escaped by protobuf's own escaper, so a tensor named `a"b` stays one string."""
+    from google.protobuf import text_encoding
+
+    return '"' + text_encoding.CEscape(text, as_utf8=True) + '"'
 
 
 def run_recipe(report: RunReport) -> Recipe:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimizer.core.artifact import file_sha256
 from optimizer.core.errors import OptimizerError
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import SAFE_NAME, BenchmarkSettings, Recipe, recipe_dict
@@ -269,7 +268,10 @@ def compare_recipe(
             session["disabled_optimizers"] = disabled
             notes.append(f"both run with onnxruntime's {', '.join(disabled)} disabled, as a side ran in its run")
         passes.append({"type": "ort_session", "name": A_STAGE, "config": session})
-    substitute = {"path": str(b.path), "sha256": file_sha256(b.path)}
+    from optimizer.runtime import onnx_io
+
+    # B's whole model (graph and external data) is pinned: weights replaced in place are measured again.
+    substitute = {"path": str(b.path), "sha256": onnx_io.model_sha256(b.path)}
     passes.append({"type": "substitute", "name": B_STAGE, "config": substitute})
     for side in (a, b):
         ran = side.runtime.get("graph_optimization_level")

@@ -74,7 +74,8 @@ def _save_reference(path: Path, ref: Reference) -> None:
         f"{s}|{i}|{j}": o for s, samples in ref.items() for i, outs in enumerate(samples) for j, o in enumerate(outs)
     }
     tmp = path.with_name(".reference.tmp.npz")
-    np.savez(tmp, **arrays)
+    with rd.open_new(tmp) as f:  # never through a link planted at the temp name
+        np.savez(f, **arrays)
     tmp.replace(path)
 
 
@@ -309,7 +310,7 @@ class Pipeline:
         rec.notes["traceback"] = "".join(traceback.format_exception(e))
 
     def _source(self, rec: StageRecord) -> None:
-        from optimizer.engine.source import source_artifact
+        from optimizer.engine.source import check_budget_output, source_artifact
 
         rec.key = rd.content_hash(
             "source",
@@ -329,35 +330,39 @@ class Pipeline:
             rec.artifact = source_artifact(self.recipe, self.feeds)
             rec.pass_seconds = time.perf_counter() - start
             folder.mkdir(parents=True, exist_ok=True)
-            rd.write_json(folder / rd.STAGE_FILE, {"key": rec.key, "status": "ran", "artifact": rec.artifact.to_json()})
+            # the source's files as they were read (an ONNX source: the user's model), so that export can tell
+            # whether they are still the ones this run measured
+            digests = {f.name: file_sha256(f) for f in rec.artifact.files() if f.is_file()}
+            rd.write_json(folder / rd.STAGE_FILE, {"key": rec.key, "status": "ran", "artifact": rec.artifact.to_json(),
+                                                   "file_sha256": digests})
             rec.status = "ran"
         rec.folder, rec.measured_against = folder.name, rec.name
+        check_budget_output(self.recipe, rec.artifact)  # fresh or cached: a bad accuracy.output fails stage 0
 
     def _input_files_digest(self) -> list[str]:
-        """sha256 of the files the recipe reads by path (an ONNX source and its external data, the data file):
-        a file replaced in place under the same name must not be served from the cache."""
+        """sha256 of the files the recipe reads by path (an ONNX source and every external data file its graph
+        references, the data file): a file replaced in place under the same name must not be served from the cache."""
         from optimizer.core.artifact import file_sha256
         from optimizer.recipe.schema import OnnxSource
 
-        paths = []
+        named: list[tuple[str, Path]] = []
         if isinstance(self.recipe.model, OnnxSource):
+            from optimizer.runtime import onnx_io
+
             model = self.recipe.resolve(self.recipe.model.path)
-            paths.append(model)
-            paths += sorted(p for p in model.parent.glob("*.data") if p.is_file())
+            named.append((model.name, model))
+            if model.is_file():  # the files its graph references, by location (bounds checked before reading);
+                # labelled apart from the old `*.data` glob's entries, so no stage 0 cached without them is reused
+                named += [(f"external data {f}", model.parent / f) for f in onnx_io.external_data_files(model)]
         if self.recipe.data_file:
-            paths.append(self.recipe.resolve(self.recipe.data_file))
-        return [f"{p.name}:{file_sha256(p)}" for p in paths if p.is_file()]
+            data = self.recipe.resolve(self.recipe.data_file)
+            named.append((data.name, data))
+        return [f"{name}:{file_sha256(p)}" for name, p in named if p.is_file()]
 
     @staticmethod
     def _intact(artifact: Artifact, info: dict[str, Any]) -> bool:
         """A cached stage's files are all there with the sizes and sha256 they were written with."""
-        files = artifact.files()
-        if not all(f.is_file() for f in files):
-            return False
-        sizes, digests = info.get("file_sizes"), info.get("file_sha256")
-        if sizes is not None and not all(sizes.get(f.name) == f.stat().st_size for f in files):
-            return False
-        return digests is None or all(digests.get(f.name) == file_sha256(f) for f in files)
+        return not rd.changed_files(artifact.files(), info)
 
     def _pass(self, rec: StageRecord) -> None:
         """Run (or reuse) one pass. A pass that reports its output unmodified (PassResult.modified false: fuse with

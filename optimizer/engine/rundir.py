@@ -10,22 +10,34 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from optimizer.core.jsonio import strict_json_dumps
 
 STAGE_FILE = "stage.json"
 METRICS_FILE = "metrics.json"
+LOCK_FILE = ".lock"
+# What only a run folder holds (an older version's too, which wrote no lock): a folder with other files in it is
+# the user's, and compile would replace them. recipe.yaml alone is allowed: `compile --model` writes it first, and
+# compile itself never writes or deletes it.
+RUN_FILES = (LOCK_FILE, "report.json", "machine.json")
+STAGE_FOLDER = re.compile(r"\d{2}-.+")
+ALLOWED_ALONE = ("recipe.yaml",)
 
 
 def content_hash(*parts: Any) -> str:
-    """A stable hash of JSON-able parts (dict keys sorted), for cache keys."""
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    """A stable hash of JSON-able parts (dict keys sorted), for cache keys. Taken as the strict writer writes them,
+    so data and its round trip through write_json/read_json (inf read back as null) hash alike."""
+    blob = strict_json_dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def write_json(path: Path, data: Any) -> None:
-    write_text(path, json.dumps(data, indent=2, default=str))
+    """Strict JSON (core.jsonio: non-finite floats as null), written atomically."""
+    write_text(path, strict_json_dumps(data, indent=2))
 
 
 def write_text(path: Path, text: str) -> None:
@@ -33,13 +45,57 @@ def write_text(path: Path, text: str) -> None:
     one OptimizerError naming the file; what was at `path` before stays as it was."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
+        with open_new(tmp, "w") as f:
+            f.write(text)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         from optimizer.core.errors import OptimizerError
 
         raise OptimizerError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+def open_new(path: Path, mode: str = "wb") -> IO[Any]:
+    """A file created anew at `path` for writing, never through a symbolic link: whatever is at that name (a
+    killed run's temp file, or a link planted in a handed-over run folder) is removed first (unlink removes the
+    link, not its target), and O_EXCL | O_NOFOLLOW refuse a name that reappears in between."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    return os.fdopen(fd, mode)
+
+
+def remove(path: Path) -> None:
+    """Delete a folder of ours; a link at its name is removed itself, never the folder it points to."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def foreign_reason(root: Path) -> str | None:
+    """Why compile must not write into `root`, or None: it is new, empty, a run folder, or holds only a recipe."""
+    try:
+        names = sorted(p.name for p in root.iterdir())
+    except OSError:  # not there yet (it is made), or unreadable (the write probe says so)
+        return None
+    if not names or set(names) <= set(ALLOWED_ALONE):
+        return None
+    if any((root / f).is_file() and not (root / f).is_symlink() for f in RUN_FILES):
+        return None
+    if any(STAGE_FOLDER.fullmatch(n) and (root / n / STAGE_FILE).is_file() for n in names):
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{root}: not a run folder and not empty ({shown}): compile writes stage folders and reports there "
+            "and would replace what is in it; give a new or empty folder (or a run folder) as --out")
+
+
+def check_run_folder(root: Path) -> None:
+    """Refuse (OptimizerError) a run folder that is the user's folder of other files."""
+    reason = foreign_reason(root)
+    if reason:
+        from optimizer.core.errors import OptimizerError
+
+        raise OptimizerError(reason)
 
 
 def read_json(path: Path) -> Any | None:
@@ -49,15 +105,31 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+def changed_files(files: list[Path], info: dict[str, Any]) -> list[Path]:
+    """The files (of a stage's artifact) that are missing or differ in size or sha256 from what its stage.json
+    recorded (`file_sizes`, `file_sha256`); a file stage.json has no digest for counts as changed when it records
+    digests at all. The cache reuses a stage only when this is empty, and export ships only such files."""
+    from optimizer.core.artifact import file_sha256
+
+    sizes, digests = info.get("file_sizes"), info.get("file_sha256")
+    return [
+        f for f in files
+        if not f.is_file()
+        or (sizes is not None and sizes.get(f.name) != f.stat().st_size)
+        or (digests is not None and digests.get(f.name) != file_sha256(f))
+    ]
+
+
 class RunDir:
     def __init__(self, root: Path) -> None:
         self.root = root
 
     def prepare(self) -> None:
+        check_run_folder(self.root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-probe-{os.getpid()}"
-            probe.write_text("")
+            open_new(probe).close()
             probe.unlink()
         except OSError as e:
             from optimizer.core.errors import OptimizerError
@@ -65,16 +137,23 @@ class RunDir:
             raise OptimizerError(f"{self.root}: cannot write the run folder ({e.strerror or e})") from None
         self._lock()
         for leftover in self.root.glob(".building-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+            remove(leftover)
 
     def _lock(self) -> None:
-        """One writer per run folder: a second compile into it is refused, not interleaved."""
+        """One writer per run folder: a second compile into it is refused, not interleaved. The lock file is
+        never opened through a symbolic link (a handed-over folder's link would make us truncate its target)."""
+        import errno
         import fcntl
 
         from optimizer.core.errors import OptimizerError
 
-        path = self.root / ".lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.root / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            why = "a symbolic link, not the run folder's own lock file; remove it" if e.errno == errno.ELOOP \
+                else f"cannot open the run folder's lock ({e.strerror or e})"
+            raise OptimizerError(f"{path}: {why}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -92,10 +171,10 @@ class RunDir:
         """The pid of the compile writing this run folder now, or None when no process holds it."""
         import fcntl
 
-        path = self.root / ".lock"
-        if not path.is_file():
+        try:  # a link at the lock's name is nobody's lock: never read through it
+            fd = os.open(self.root / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
             return None
-        fd = os.open(path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -126,7 +205,7 @@ class RunDir:
 
     def building_dir(self, index: int, name: str) -> Path:
         d = self.root / f".building-{self.folder_name(index, name)}"
-        shutil.rmtree(d, ignore_errors=True)
+        remove(d)
         d.mkdir(parents=True)
         return d
 
@@ -146,8 +225,8 @@ class RunDir:
             return dest
         if dest.exists():
             trash = self.root / f".building-old-{dest.name}"
-            shutil.rmtree(trash, ignore_errors=True)
+            remove(trash)
             os.replace(dest, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            remove(trash)
         os.replace(src, dest)
         return dest

@@ -37,6 +37,15 @@ def _check_sequence_lengths(module: Any, recipe: Recipe) -> None:
             )
 
 
+def check_budget_output(recipe: Recipe, artifact: Artifact) -> None:
+    """accuracy.output must name an output of stage 0, whose outputs every stage's accuracy is keyed by. Checked
+    at load where they are known then (recipe.loading); a PyTorch model's are known here, once it ran."""
+    wanted = recipe.accuracy.output
+    if wanted is not None and wanted not in artifact.output_names:
+        names = ", ".join(map(repr, artifact.output_names))
+        raise InputError(f"accuracy.output: {wanted!r} is not an output of the model (outputs: {names})")
+
+
 def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
     names = list(feeds.input_names)
     if isinstance(recipe.model, OnnxSource):
@@ -44,6 +53,7 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
 
         path = recipe.resolve(recipe.model.path).resolve()
         model = onnx_io.load(path, with_weights=False)
+        external = onnx_io.external_data_files(path, model)  # bounds first: the checker would read them
         onnx_io.check(path)
         graph_inputs = [i.name for i in model.graph.input]
         initializers = {t.name for t in model.graph.initializer}
@@ -56,7 +66,8 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
             raise InputError(f"inputs: {path.name} also needs {missing}; add them to the recipe's inputs")
         outputs = [o.name for o in model.graph.output]
         return Artifact(
-            "onnx", path, {"graph_optimization_level": "disable_all"}, input_names=names, output_names=outputs
+            "onnx", path, {"graph_optimization_level": "disable_all"}, input_names=names, output_names=outputs,
+            external_data=external,  # every later copy of the model (stages, bundles) brings its weights along
         )
 
     import torch

@@ -5,6 +5,7 @@ ten-minute export. Every error names the file and the field.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 
 from optimizer.core.errors import RecipeError
 from optimizer.recipe.packages import package_dir
-from optimizer.recipe.schema import SOURCE_STAGE, HFFolderSource, OnnxSource, Recipe
+from optimizer.recipe.schema import MAX_INPUT_ELEMENTS, SOURCE_STAGE, HFFolderSource, OnnxSource, Recipe
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -68,6 +69,78 @@ def _check_structure(recipe: Recipe, path: str) -> None:
             raise RecipeError(path, "model.path", f"no such folder: {recipe.resolve(model.path)}")
 
 
+def _check_unique(names: list[str], field: str, path: str) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise RecipeError(path, f"{field}[{i}]" + (".name" if field == "inputs" else ""),
+                              f"{name!r} is used twice; each {field[:-1]} needs its own name")
+        seen.add(name)
+
+
+def _onnx_outputs(path: Path, where: str) -> list[str]:
+    """The graph outputs of an ONNX file, read without its weights."""
+    import onnx
+
+    try:
+        return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+    except Exception as e:  # onnx raises DecodeError, OSError, ValueError... for broken files
+        raise RecipeError(where, "model.path", f"{path}: not a readable ONNX model ({type(e).__name__})") from None
+
+
+def _check_outputs(recipe: Recipe, path: str) -> None:
+    """Names must be unique, and accuracy.output must name an output where the outputs are known at load: the
+    recipe's `outputs`, or an ONNX source's graph. A PyTorch model's outputs are known once it runs: stage 0
+    checks them (engine.source.check_budget_output)."""
+    _check_unique([s.name for s in recipe.inputs], "inputs", path)
+    _check_unique(recipe.outputs or [], "outputs", path)
+    wanted = recipe.accuracy.output
+    if wanted is None:
+        return
+    known = recipe.outputs
+    if known is None and isinstance(recipe.model, OnnxSource):
+        known = _onnx_outputs(recipe.resolve(recipe.model.path), path)
+    if known is not None and wanted not in known:
+        names = ", ".join(map(repr, known))
+        raise RecipeError(path, "accuracy.output", f"{wanted!r} is not an output (outputs: {names})")
+
+
+def _too_big(elements: int) -> str:
+    return (f"{elements:,} elements in one input tensor, more than the {MAX_INPUT_ELEMENTS:,} (2**31) one input may "
+            "have (8 GiB of float32 per sample, past the int32 indexing many kernels use)")
+
+
+def _check_sizes(recipe: Recipe, path: str) -> None:
+    """Refuse inputs no machine can hold, before anything runs: each tensor of every scenario and sweep batch is
+    at most MAX_INPUT_ELEMENTS (the fixed cap the schema explains); what fits this machine is a run-time check."""
+    for i, scen in enumerate(recipe.scenarios):
+        _check_scenario_size(recipe, scen.bindings(), path, lambda dim, i=i: f"scenarios[{i}].{_dim_field(dim)}")
+    if recipe.batch_sweep and recipe.scenarios:
+        first = recipe.scenarios[0]
+        for k, batch in enumerate(recipe.batch_sweep.batches):
+            bind = {**first.bindings(), "batch": batch}
+            _check_scenario_size(recipe, bind, path, lambda dim, k=k: f"batch_sweep.batches[{k}]")
+
+
+def _dim_field(dim: str) -> str:
+    return dim if dim in ("batch", "seq") else f"dims.{dim}"
+
+
+def _check_scenario_size(recipe: Recipe, bind: dict[str, int], path: str, field_of: Any) -> None:
+    shapes = [(f"inputs[{j}].shape", spec.shape) for j, spec in enumerate(recipe.inputs)]
+    if recipe.text is not None:  # the tokenizer's outputs: [batch, at most seq]
+        shapes.append(("", ["batch", "seq"]))
+    for field, shape in shapes:
+        fixed = math.prod(d for d in shape if isinstance(d, int))
+        if fixed > MAX_INPUT_ELEMENTS:
+            raise RecipeError(path, field, _too_big(fixed))
+        named = [d for d in shape if isinstance(d, str) and d in bind]
+        elements = fixed * math.prod(bind[d] for d in named)
+        if elements > MAX_INPUT_ELEMENTS:
+            largest = max(named, key=lambda d: bind[d])
+            raise RecipeError(path, field_of(largest), _too_big(elements))
+
+
 def _validate_pass_configs(recipe: Recipe, path: str) -> None:
     from optimizer.core.registry import UnknownPass, pass_class
 
@@ -97,11 +170,14 @@ def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None
         err = e.errors()[0]
         # Drop the discriminated-union tag pydantic puts in the location (e.g. model.hf_folder.path).
         # and the member tags of plain unions (a shape entry is `int | str`).
-        tags = {"hf_folder", "hf_config", "factory", "onnx", "constrained-int", "int", "str"}
+        # and the `[key]` tag of a dict key's own error (scenarios[0].dims.batch.[key]).
+        tags = {"hf_folder", "hf_config", "factory", "onnx", "constrained-int", "int", "str", "[key]"}
         loc = tuple(p for p in err["loc"] if p not in tags)
         raise RecipeError(path, _field_path(loc) or None, err["msg"]) from None
     recipe.base_dir = base_dir or Path(".")
     _check_structure(recipe, path)
+    _check_outputs(recipe, path)
+    _check_sizes(recipe, path)
     _validate_pass_configs(recipe, path)
     return recipe
 

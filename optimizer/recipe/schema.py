@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SOURCE_STAGE = "source"
 # Recipe, stage and scenario names become folder and file names: one safe rule, checked when the recipe loads.
@@ -27,7 +27,19 @@ def safe_name(value: str) -> str:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: no recipe number may be inf or NaN (`.nan` compares false and turns a check off; `.inf`
+    # would be echoed into report.json, which is strict JSON).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# Seeds go to numpy's and torch's generators: both take 0..2**63-1, and numpy refuses a negative one.
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# The most elements one input tensor of one sample may have, checked at load for every scenario and sweep batch.
+# A fixed cap, so a recipe validates alike on every machine: 2**31 elements is 8 GiB of float32 (16 of int64)
+# per sample, past the int32 indexing many kernels use; what fits this machine's memory is checked at run time.
+MAX_INPUT_ELEMENTS = 2**31
+INT_LIMITS = {"int64": (-(2**63), 2**63 - 1), "int32": (-(2**31), 2**31 - 1)}
+FLOAT16_MAX = 65504.0
 
 
 # ---------------------------------------------------------------- model sources
@@ -37,7 +49,9 @@ class HFFolderSource(Strict):
     source: Literal["hf_folder"]
     path: str = Field(description="folder path; relative to the package folder when `package` is set")
     package: str | None = Field(default=None, description="installed package that ships the folder")
-    task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
+    task: Literal["feature-extraction", "causal-lm", "sequence-classification", "image-classification"] = (
+        "feature-extraction"
+    )
     attn_implementation: Literal["eager", "sdpa"] | None = Field(default=None, description="default: transformers'")
 
 
@@ -47,8 +61,10 @@ class HFConfigSource(Strict):
     source: Literal["hf_config"]
     architecture: Literal["gpt2", "llama", "bert"]
     config: dict[str, Any] = Field(default_factory=dict, description="overrides of the architecture's config")
-    task: Literal["feature-extraction", "causal-lm", "sequence-classification"] = "feature-extraction"
-    seed: int = 0
+    task: Literal["feature-extraction", "causal-lm", "sequence-classification", "image-classification"] = (
+        "feature-extraction"
+    )
+    seed: Seed = 0
     attn_implementation: Literal["eager", "sdpa"] | None = Field(default=None, description="default: transformers'")
 
 
@@ -86,13 +102,28 @@ class InputSpec(Strict):
     )
     range: tuple[float, float] | None = Field(default=None, description="[low, high) for generated values")
 
+    fill: Literal["random", "ones", "zeros"] = "random"
+
     @field_validator("range")
     @classmethod
-    def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
-        if v is not None and not (all(math.isfinite(x) for x in v) and v[0] < v[1]):
+    def _ordered(cls, v: tuple[float, float] | None, info: ValidationInfo) -> tuple[float, float] | None:
+        """Finite and ordered, and the values drawn from it exist in the dtype (validated before it): integers in
+        [low, high), within the dtype's limits."""
+        if v is None:
+            return v
+        low, high = v
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise ValueError(f"{list(v)} is not a finite range with low < high")
+        dtype = info.data.get("dtype")
+        if dtype in INT_LIMITS:
+            if math.ceil(low) >= high:
+                raise ValueError(f"{list(v)} holds no integer for {dtype} (values are drawn from [low, high))")
+            lo, hi = INT_LIMITS[dtype]
+            if low < lo or high > hi + 1:
+                raise ValueError(f"{list(v)} is outside {dtype}'s {lo}..{hi}")
+        if dtype == "float16" and max(abs(low), abs(high)) > FLOAT16_MAX:
+            raise ValueError(f"{list(v)} is outside float16's +/-{FLOAT16_MAX:g} (its values would be inf)")
         return v
-    fill: Literal["random", "ones", "zeros"] = "random"
 
 
 class TextInputs(Strict):
@@ -116,12 +147,22 @@ SCENARIO_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _not_own_dim(name: str) -> str:
+    """`dims` binds the other symbolic dims: batch and seq are the scenario's own fields, with their rules (>= 1);
+    through dims they bypassed them (batch 0 ran and reported throughput for nothing)."""
+    if name in ("batch", "seq"):
+        raise ValueError(f"{name} is the scenario's own field: set `{name}:` on the scenario, not in dims")
+    return name
+
+
 class Scenario(Strict):
     name: Annotated[str, AfterValidator(safe_name)]
     batch: int = Field(default=1, ge=1)
     seq: int = Field(default=128, ge=1, description="sequence length; the prompt length for generation")
     new_tokens: int = Field(default=32, ge=1, description="generation: tokens generated per task")
-    dims: dict[str, int] = Field(default_factory=dict, description="extra symbolic dims")
+    dims: dict[Annotated[str, AfterValidator(_not_own_dim)], Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="extra symbolic dims (0 is a legal empty dim); not batch or seq"
+    )
     padding: Literal["max_length", "longest"] = Field(
         default="max_length",
         description="text inputs: max_length pads every sample to `seq` (the worst case); longest pads each batch "
@@ -202,7 +243,7 @@ class AccuracyBudget(Strict):
     metric: Literal["cosine", "pooled_cosine", "max_abs", "top1", "token_agreement"] | None = Field(
         default=None,
         description="what the budget judges; default by task: token_agreement for generation, top1 for "
-        "sequence-classification, else cosine on the positions the attention mask keeps",
+        "sequence-classification and image-classification, else cosine on the positions the attention mask keeps",
     )
     # allow_inf_nan=False: `min: .nan` would compare false against everything and turn the gate off.
     min: float | None = Field(
@@ -250,7 +291,7 @@ class Recipe(Strict):
     )
     batch_sweep: BatchSweep | None = None
     on_failure: Literal["stop", "continue"] = "stop"
-    seed: int = 0
+    seed: Seed = 0
     passes: list[PassSpec] = Field(default_factory=list)
 
     # Set by load_recipe: the folder relative paths in the recipe are resolved against.
@@ -270,7 +311,7 @@ def default_metric(task: str | None, workload: str) -> str:
     """The metric a budget judges when the recipe names none: what the task's consumers use."""
     if workload == "generation":
         return "token_agreement"
-    if task == "sequence-classification":
+    if task in ("sequence-classification", "image-classification"):
         return "top1"
     return "cosine"  # on kept positions: every token state a consumer of an encoder reads
 

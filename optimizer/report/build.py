@@ -401,6 +401,7 @@ def to_markdown(report: RunReport) -> str:
             f"| {x.batch} | {x.p50_ms:.2f} | {x.p99_ms:.2f} | {x.samples_per_s:.1f} | {x.memory_growth_mb:.0f} |"
             for x in sweep.rows
         ]
+        lines += [f"| {x.batch} | skipped: {x.reason} | | | |" for x in sweep.skipped or []]
         lines += ["", f"Recommendation: {sweep.why}", ""]
     if r.findings:
         lines += ["## Findings", ""] + [f"- {f}" for f in r.findings] + [""]

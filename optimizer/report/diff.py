@@ -29,6 +29,7 @@ from optimizer.core.metrics import ScenarioMetrics, StageMetrics
 from optimizer.core.stage import StageReport
 from optimizer.report.explain import between_runs
 from optimizer.report.schema import RunReport
+from optimizer.report.timings import require_timings
 
 MIN_EFFECT = 0.02  # between-run differences smaller than this are within noise, whatever the intervals say
 # The between-run move of a ratio is never taken below this (log): with few passes the estimate is poor, and on
@@ -119,6 +120,8 @@ def different_models(a: RunReport, b: RunReport) -> str | None:
 
 
 def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
+    require_timings(a, "A")  # a zero or negative time is one line here, not a math error in a ratio below
+    require_timings(b, "B")
     sa, sb = _stages(a), _stages(b)
     metric = b.settings.accuracy_metric
     names = [n for n in sb if n in sa]

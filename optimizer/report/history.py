@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.errors import OptimizerError
+from optimizer.core.jsonio import strict_json_dumps
 from optimizer.engine.rundir import content_hash
 from optimizer.report.schema import RunReport, parse_report, read_report
 
@@ -101,7 +102,7 @@ def record(report: RunReport, path: Path | None = None) -> int:
                 report.outcome,
                 report.run_dir,
                 json.dumps(report.environment.packages),
-                json.dumps(report.to_json()),
+                strict_json_dumps(report.to_json()),  # `runs --json` prints it: strict JSON
             ),
         )
         run_id = int(cur.lastrowid or 0)
@@ -145,14 +146,16 @@ def list_runs(path: Path | None = None, recipe: str | None = None, limit: int = 
 
 def load_report(ref: str, path: Path | None = None) -> RunReport:
     """A report from a run folder, a report.json path, or a history id; any schema_version this optimizer knows
-    (report.schema.parse_report is the one reader: it upgrades version 1 and refuses versions it does not know)."""
+    (report.schema.parse_report is the one reader: it upgrades version 1 and refuses versions it does not know).
+    Read from a folder, its run_dir is that folder; from the history, the folder it was compiled into."""
     p = Path(ref)
     if p.is_dir():
         p = p / "report.json"
         if not p.is_file():
             raise OptimizerError(f"{ref}: no report.json in this folder (is it a run folder of a finished compile?)")
-    if p.is_file():
-        return read_report(p)
+    if p.is_file():  # the run is the folder it was read from, wherever it was compiled (a copy, a move):
+        # its stage folders are read there, never where report.json's run_dir says it once was
+        return read_report(p).model_copy(update={"run_dir": str(p.parent)})
     if ref.isdigit():
         db = path or default_path()
         if db.exists():

@@ -148,8 +148,9 @@ def json_schema() -> dict[str, Any]:
         **schema,
         "description": (
             f"optimizer run report (report.json), schema_version {SCHEMA_VERSION}; generated from "
-            "optimizer.report.schema.RunReport. Floats may be Infinity where a figure is unbounded (a median's "
-            "interval with too few calls, an error against NaN), as Python's json writes it."
+            "optimizer.report.schema.RunReport. Strict JSON: a figure that is not finite (a median's interval with "
+            "too few calls, an error against NaN) is written as null, with its meaning in the field's description; "
+            "reports before this rule may hold Infinity."
         ),
     }
 

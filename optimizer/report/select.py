@@ -20,12 +20,14 @@ score = sum(weight * term). Stages outside the accuracy budget are ranked but ne
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from optimizer.core.metrics import StageMetrics
 from optimizer.core.stage import StageReport
 from optimizer.measure.best import best_stage
 from optimizer.report.schema import RunReport
+from optimizer.report.timings import require_timings
 
 PRESETS: dict[str, dict[str, float]] = {
     # Seed 1: Performance Score = (1/Avg Latency) x 40% + (Throughput/Baseline) x 30% + (Accuracy/Baseline) x 30%
@@ -51,6 +53,8 @@ def parse_weights(text: str) -> dict[str, float]:
             weights[key] = float(value)
         except ValueError:
             raise ValueError(f"weight for {key!r} is not a number: {value!r}") from None
+        if not math.isfinite(weights[key]):
+            raise ValueError(f"weight for {key!r} must be a finite number, not {value!r}")
     return weights
 
 
@@ -110,6 +114,7 @@ def terms(report: RunReport, stage: StageReport, scenario: str) -> dict[str, flo
 
 def rank(report: RunReport, weights: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
     """scenario -> stages sorted by score (best first), each with its terms and budget verdict."""
+    require_timings(report, "the run")  # the terms divide by them: a zero is one line, not a ZeroDivisionError
     out: dict[str, list[dict[str, Any]]] = {}
     for scen in report.scenario_names:
         rows = []

@@ -9,6 +9,7 @@ summarized in the report.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ def _generate(spec: InputSpec, scenario: Scenario, rng: np.random.Generator) -> 
         return np.zeros(shape, dtype)
     if np.issubdtype(dtype, np.integer):
         low, high = spec.range or (0, 1000)
-        return rng.integers(int(low), int(high), size=shape).astype(dtype)
+        # The integers k with low <= k < high (int() truncated toward 0: [-0.5, 0.5) drew from an empty range)
+        return rng.integers(math.ceil(low), math.ceil(high), size=shape).astype(dtype)
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
     low, high = spec.range or (-1.0, 1.0)
@@ -108,11 +110,53 @@ def _tokenizer(recipe: Recipe):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+TEXT_INPUTS = 3  # what a tokenizer returns when the recipe names no inputs: input_ids, attention_mask, token types
+
+
+def sample_bytes(recipe: Recipe, scenario: Scenario) -> int:
+    """The bytes of one sample's inputs in a scenario, from the shapes (text: [batch, seq] int64 per input), before
+    anything is allocated."""
+    if recipe.text is not None and not recipe.inputs:
+        return TEXT_INPUTS * scenario.batch * scenario.seq * 8
+    return sum(math.prod(_shape(spec, scenario)) * np.dtype(spec.dtype).itemsize for spec in recipe.inputs)
+
+
+def available_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _check_fits(recipe: Recipe, counts: dict[str, int]) -> None:
+    """All the samples of every scenario are held for the whole run: refuse them, naming the largest scenario, when
+    they would take more than half the memory available now (the rest is the models')."""
+    sizes = {s.name: sample_bytes(recipe, s) * counts[s.name] for s in recipe.scenarios}
+    total, room = sum(sizes.values()), available_bytes() // 2
+    if total > room:
+        i, largest = max(enumerate(recipe.scenarios), key=lambda x: sizes[x[1].name])
+        where = f"scenarios[{i}].samples" if largest.samples else "accuracy.samples"
+        raise InputError(
+            f"{where}: the inputs of {counts[largest.name]} samples of scenario {largest.name!r} take "
+            f"{sizes[largest.name] / 2**30:.3g} GiB ({total / 2**30:.3g} GiB for all scenarios), more than half the "
+            f"{2 * room / 2**30:.3g} GiB available now; use fewer samples or smaller batch/seq"
+        )
+
+
 def build_feeds(recipe: Recipe, samples: int, per_scenario: bool = True) -> FeedSet:
     """`samples` feeds per scenario (or the scenario's own `samples` when per_scenario); text sentences are taken
-    in order, so sample k differs from sample k+1."""
+    in order, so sample k differs from sample k+1. Inputs this machine cannot hold are one InputError, before
+    they are allocated (or when an allocation fails all the same)."""
     if recipe.data_file:
         return _from_file(recipe, samples)
+    counts = {s.name: (s.samples or samples) if per_scenario else samples for s in recipe.scenarios}
+    _check_fits(recipe, counts)
+    try:
+        return _build(recipe, counts)
+    except MemoryError as e:
+        raise InputError(f"inputs: cannot allocate the scenarios' inputs ({type(e).__name__}: {e})") from None
+
+
+def _build(recipe: Recipe, counts: dict[str, int]) -> FeedSet:
     rng = np.random.default_rng(recipe.seed)
     sentences = read_sentences(recipe) if recipe.text else []
     tokenizer = _tokenizer(recipe) if recipe.text else None
@@ -121,7 +165,7 @@ def build_feeds(recipe: Recipe, samples: int, per_scenario: bool = True) -> Feed
     cursor = 0
     for scenario in recipe.scenarios:
         feeds: list[Feed] = []
-        for _ in range((scenario.samples or samples) if per_scenario else samples):
+        for _ in range(counts[scenario.name]):
             feed: Feed = {}
             if tokenizer is not None:
                 batch = [sentences[(cursor + i) % len(sentences)] for i in range(scenario.batch)]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
-from pathlib import Path
+import shutil
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from optimizer.core.artifact import Artifact
-from optimizer.core.errors import OptimizerError
+from optimizer.core.errors import InputError, OptimizerError
 
 # protobuf refuses messages over 2 GiB; stay clear of it with room for the graph itself.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -20,6 +22,86 @@ def load(path: Path, with_weights: bool = True) -> Any:
         return onnx.load(str(path), load_external_data=with_weights)
     except Exception as e:  # onnx raises DecodeError, OSError, ValueError... for broken files
         raise OptimizerError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+
+
+def _node_tensors(nodes: Any) -> Iterator[Any]:
+    """Tensors held in node attributes (Constant values and the like), subgraphs included."""
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sparse in [*([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []), *attr.sparse_tensors]:
+                yield from (sparse.values, sparse.indices)
+            for graph in [*([attr.g] if attr.HasField("g") else []), *attr.graphs]:
+                yield from _graph_tensors(graph)
+
+
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _node_tensors(graph.node)
+
+
+def _external_locations(model: Any) -> dict[str, str]:
+    """location -> the first tensor that keeps its data there, for every tensor stored outside the graph file."""
+    import onnx
+
+    tensors = [*_graph_tensors(model.graph), *(t for f in model.functions for t in _node_tensors(f.node))]
+    found: dict[str, str] = {}
+    for t in tensors:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in t.external_data if e.key == "location"), "")
+            found.setdefault(location, t.name)
+    return found
+
+
+def external_data_files(path: Path, model: Any | None = None) -> list[str]:
+    """The external data files the graph at `path` references (locations relative to its folder, sorted), each
+    checked to be a regular file inside that folder before anything reads it: a graph naming `../secret.bin`, an
+    absolute path or a symlink would have every copy of the model (and a bundle) carry a file nobody handed over."""
+    model = model if model is not None else load(path, with_weights=False)
+    folder = path.parent.resolve()
+    found = _external_locations(model)
+    for location, tensor in sorted(found.items()):
+        where = f"{path}: tensor {tensor!r} keeps its data at {location!r}"
+        target = folder / location
+        if PurePosixPath(location).is_absolute() or not target.resolve().is_relative_to(folder):
+            raise InputError(f"{where}, outside the model's folder {folder}: external data must lie in that folder")
+        if target.is_symlink():
+            raise InputError(f"{where}, a symbolic link: external data must be a regular file in {folder}")
+        if not target.is_file():
+            raise InputError(f"{where}, which does not exist in {folder}: copy it beside the model")
+    return sorted(found)
+
+
+def copy_model(src: Path, dst: Path) -> list[str]:
+    """Copy an ONNX model with the external data files its graph references, each placed where the graph names it
+    (relative to dst's folder): a graph copied alone would point at weights that are not there. Returns them."""
+    files = external_data_files(src)
+    plan = [(src, dst), *((src.parent / f, dst.parent / f) for f in files)]
+    for a, b in plan:
+        if b.exists() and b.samefile(a):
+            continue
+        b.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(a, b)
+    return files
+
+
+def model_sha256(path: Path) -> str:
+    """sha256 of an ONNX model as a whole: the graph file's, or with external data, of the graph's and every
+    data file's (by location), so weights replaced in place in `m.onnx.data` change it too."""
+    import hashlib
+    import json
+
+    from optimizer.core.artifact import file_sha256
+
+    files = external_data_files(path)
+    if not files:
+        return file_sha256(path)
+    parts = [file_sha256(path), *(f"{f}:{file_sha256(path.parent / f)}" for f in files)]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def weight_bytes(model: Any) -> int:

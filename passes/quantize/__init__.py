@@ -220,7 +220,8 @@ class QuantizePass(Pass):
         notes["quantization_ops"] = counts
         # Re-save through the one helper, so every stage follows the same external-data policy.
         full = onnx_io.load(dst)
-        for leftover in ctx.stage_dir.glob("*.data"):
+        referenced = [dst.parent / f for f in onnx_io.external_data_files(dst)]  # e.g. a source's, copied along
+        for leftover in {*ctx.stage_dir.glob("*.data"), *referenced}:
             leftover.unlink()
         external = onnx_io.save(full, dst)
         out = artifact.derive(path=dst, external_data=external)
@@ -335,7 +336,7 @@ class QuantizePass(Pass):
         elif chosen:
             shutil.copyfile(work / "chosen.onnx", dst)
         else:
-            shutil.copyfile(src, dst)
+            onnx_io.copy_model(src, dst)  # with its external data: an ONNX source keeps its weights beside it
         shutil.rmtree(work)
         table = sorted(
             (

@@ -13,7 +13,6 @@ interleaved by the harness: the gain with its 95% interval and both P50s):
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,7 +221,9 @@ def _build_attention_core(current: Choice, path: Path, cfg: Any, feeds: list[dic
 
 
 def write(choice: Choice, src: Path, dst: Path) -> None:
-    shutil.copyfile(choice.path if choice.int8 else src, dst)
+    from optimizer.runtime import onnx_io
+
+    onnx_io.copy_model(choice.path if choice.int8 else src, dst)  # with the external data the graph references
 
 
 def preprocess(
