@@ -287,10 +287,16 @@ def _from_hf(model: str, folder: Path, source: dict[str, Any], device: str) -> t
                  "inputs": _text_inputs(config, with_mask=False), "scenarios": _generation_scenarios(max_pos),
                  "accuracy": {"metric": "token_agreement", "min": 0.9, "samples": 1}}
     elif kind in ("cnn", "image"):
-        notes.append("image model: loaded with AutoModel (its pooled features), generated pixels in [-1, 1)")
-        data |= {"model": source, "inputs": _image_input(config),
-                 "scenarios": _forward_scenarios(kind, device, 1, False, False),
-                 "accuracy": {"metric": "cosine", "min": 0.99, "samples": 2}}
+        head = any(str(a).endswith(IMAGE_SUFFIXES) for a in config.get("architectures") or [])
+        data |= {"inputs": _image_input(config), "scenarios": _forward_scenarios(kind, device, 1, False, False)}
+        if head:  # the user's classifier, judged by its top-1 class
+            notes.append("image classifier: loaded with its head (image-classification), top-1 budget on its logits, "
+                         "generated pixels in [-1, 1)")
+            data |= {"model": {**source, "task": "image-classification"}, "outputs": ["logits"],
+                     "accuracy": {"metric": "top1", "min": 0.99, "samples": 4}}
+        else:
+            notes.append("image model: loaded with its base class (its features), generated pixels in [-1, 1)")
+            data |= {"model": source, "accuracy": {"metric": "cosine", "min": 0.99, "samples": 2}}
     else:
         task = "sequence-classification" if kind == "classifier" else "feature-extraction"
         sentence_model = (folder / "modules.json").is_file() or (folder / "sentence_bert_config.json").is_file()

@@ -44,7 +44,44 @@ def _auto_class(task: str) -> Any:
         "feature-extraction": transformers.AutoModel,
         "causal-lm": transformers.AutoModelForCausalLM,
         "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "image-classification": transformers.AutoModelForImageClassification,
     }[task]
+
+
+def _folder_class(task: str, folder: Path) -> Any:
+    """The class a folder is loaded with: the task's Auto class, except that feature extraction takes the base class
+    the folder's config.json names when it names one (T5EncoderModel: AutoModel would build the whole T5Model,
+    decoder weights missing)."""
+    import transformers
+
+    if task == "feature-extraction":
+        try:
+            archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError):
+            archs = []
+        for arch in archs:
+            if isinstance(arch, str) and arch.endswith("Model") and isinstance(getattr(transformers, arch, None), type):
+                return getattr(transformers, arch)
+    return _auto_class(task)
+
+
+def _missing_weights(folder: Path, cls: Any, info: dict[str, Any]) -> str | None:
+    """Why a load left parameters at random initial values (transformers' load report), or None: a model whose
+    weights differ on every load would be optimized and judged on noise (ViTModel's pooler from a classifier's
+    checkpoint)."""
+    missing = sorted(info.get("missing_keys") or [])
+    if not missing:
+        return None
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        archs = []
+    hint = next((f"model.task: {task}" for suffix, task in (("ForImageClassification", "image-classification"),
+                ("ForSequenceClassification", "sequence-classification"), ("ForCausalLM", "causal-lm"))
+                if any(str(a).endswith(suffix) for a in archs)), "the task the checkpoint was saved for")
+    return (f"model.path: {folder} has no weights for {len(missing)} parameters of {cls.__name__} "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random on every load; "
+            f"the checkpoint is {', '.join(map(str, archs)) or 'of another class'}: set {hint}")
 
 
 def _from_config(source: HFConfigSource) -> torch.nn.Module:
@@ -121,11 +158,14 @@ def load_module(recipe: Recipe) -> torch.nn.Module:
         raise OptimizerError("model: the source is an ONNX file; there is no PyTorch module")
     if isinstance(source, HFFolderSource):
         folder = hf_folder(source, recipe)
+        cls = _folder_class(source.task, folder)
         try:
             extra = {"attn_implementation": source.attn_implementation} if source.attn_implementation else {}
-            module = _auto_class(source.task).from_pretrained(str(folder), **extra)
+            module, info = cls.from_pretrained(str(folder), output_loading_info=True, **extra)
         except (OSError, ValueError) as e:
             raise OptimizerError(f"model.path: cannot load a model from {folder} ({e})") from None
+        if (why := _missing_weights(folder, cls, info)) is not None:
+            raise OptimizerError(why)
     elif isinstance(source, HFConfigSource):
         module = _from_config(source)
     else:
