@@ -7,10 +7,14 @@ the TensorRT or ONNX Runtime stage before it.
 
 Eligibility, checked before anything runs: a CUDA device and target.device cuda; for ONNX, onnxruntime-gpu,
 no data-dependent control flow (If/Loop/Scan), and every node placed on the CUDA EP (a CPU-fallback node
-breaks capture). Shapes are static per scenario, which is what capture needs; one graph per scenario.
+breaks capture); for a PyTorch forward, no op that reads a tensor back to the host on any scenario's input
+(transformers' mask builders check a 2-D attention mask with one: illegal while capturing). Shapes are static
+per scenario, which is what capture needs; one graph per scenario, each captured once during the pass.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
@@ -48,6 +52,13 @@ class CudaGraphPass(Pass):
         growing = artifact.runtime.get("kv_cache") != "static"
         if ctx.recipe.workload == "generation" and artifact.kind == "torch" and growing:
             return "a decoder with a growing KV cache cannot be captured: put a static_kv_cache stage before it"
+        if artifact.kind == "torch" and ctx.recipe.workload == "forward":
+            with ctx.session(artifact, "cpu") as session:
+                reads = forward_host_reads(session, ctx.feeds)
+            if reads:
+                return (f"the forward reads tensors back to the host ({', '.join(reads)}; transformers' attention-mask "
+                        "builder does so with a 2-D mask), which CUDA graph capture cannot do: capture an ONNX stage "
+                        "(ONNX Runtime or TensorRT) instead")
         if artifact.kind == "onnx":
             return onnx_blockers(artifact)
         if artifact.kind == "trt_engine":
@@ -61,15 +72,31 @@ class CudaGraphPass(Pass):
             out = artifact.with_runtime(cuda_graph=True)
             return PassResult(out, modified=True, notes={"captured": "torch decode step", **_check_decode(ctx)})
         if artifact.path is None:  # a PyTorch source: nothing to copy, the runner captures the module
-            return PassResult(artifact.with_runtime(cuda_graph=True), modified=True, notes={"captured": "torch"})
-        out = artifact.copy_to(ctx.stage_dir).with_runtime(cuda_graph=True)  # with its external data
-        try:  # capture once now, on the target: fail here, not in the benchmark
+            out = artifact.with_runtime(cuda_graph=True)
+        else:
+            out = artifact.copy_to(ctx.stage_dir).with_runtime(cuda_graph=True)  # with its external data
+        try:  # capture once now, on the target, every scenario's graph: fail here, not in the benchmark
             with ctx.session(out, ctx.recipe.target.device) as session:
                 for sf in ctx.feeds:
                     session.run(session.prepare(sf.timing))
         except Exception as e:
             raise PassError(f"CUDA graph capture failed: {e}") from e
         return PassResult(out, modified=True, notes={"captured": artifact.kind, "graphs": len(ctx.recipe.scenarios)})
+
+
+def forward_host_reads(session: Any, feeds: Any) -> list[str]:
+    """The ops of a PyTorch forward (a CPU TorchSession) that read a tensor back to the host, on each scenario's
+    timing input: what makes its capture fail on the device (generation_static.host_reads)."""
+    import torch
+
+    from optimizer.runtime.generation_static import host_reads
+
+    found: set[str] = set()
+    for sf in feeds:
+        tensors = session.prepare(sf.timing)
+        with torch.inference_mode():
+            found.update(host_reads(session.module, *tensors)[1])
+    return sorted(found)
 
 
 def _check_decode(ctx: PassContext) -> dict[str, object]:

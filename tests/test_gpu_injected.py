@@ -536,3 +536,63 @@ def test_tensorrt_builds_with_tf32_unless_asked(tmp_path: Any, monkeypatch: pyte
     for cfg in (TensorRTConfig(), TensorRTConfig(tf32=False)):
         assert build_engine(trt, tmp_path / "m.onnx", {}, cfg, ctx) == b"engine"  # type: ignore[arg-type]
     assert [kw["tf32"] for kw in asked] == [True, False]
+
+
+# ---------------------------------------------------------------- cuda_graph on a PyTorch forward
+TINY_BERT = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
+             "vocab_size": 100}
+TINY_GPT2 = {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "bos_token_id": 0, "eos_token_id": 0}
+
+
+@pytest.mark.parametrize("model, output", [
+    ({"source": "hf_config", "architecture": "bert", "config": TINY_BERT, "attn_implementation": "sdpa"},
+     "last_hidden_state"),
+    ({"source": "hf_config", "architecture": "bert", "config": TINY_BERT, "attn_implementation": "eager"},
+     "last_hidden_state"),
+    ({"source": "hf_config", "architecture": "gpt2", "task": "causal-lm", "config": TINY_GPT2}, "logits"),
+])
+def test_cuda_graph_declines_a_forward_that_reads_the_host_during_the_pass(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, model: dict, output: str
+) -> None:
+    """transformers' mask builder reads a 2-D attention mask on the host (is_nonzero), illegal while capturing:
+    the pass finds it on the CPU before anything is captured and declines with the reason, instead of the
+    failure surfacing in the benchmark."""
+    from conftest import mlp_recipe, write_recipe
+
+    import optimizer.runtime.gpu
+    from optimizer.core.artifact import Artifact
+    from optimizer.recipe.loading import load_recipe
+    from optimizer.runtime.inputs import build_feeds
+    from optimizer.runtime.runners.torch_runner import TorchRunner
+    from passes.cuda_graph import CudaGraphConfig, CudaGraphPass
+
+    inputs = [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"], "range": [0, 100]},
+              {"name": "attention_mask", "dtype": "int64", "shape": ["batch", "seq"], "fill": "ones"}]
+    data = mlp_recipe(model=model, inputs=inputs, target={"device": "cuda"},
+                      scenarios=[{"name": "b1", "batch": 1, "seq": 8}])
+    data.pop("outputs", None)
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    monkeypatch.setattr(optimizer.runtime.gpu, "cuda_reason", lambda: None)  # as on a GPU machine
+    ctx = SimpleNamespace(recipe=recipe, feeds=build_feeds(recipe, 1, per_scenario=False),
+                          session=lambda a, device: TorchRunner(a, recipe, device=device).load())
+    source = Artifact("torch", None, input_names=["input_ids", "attention_mask"], output_names=[output])
+    reason = CudaGraphPass(CudaGraphConfig()).skip_reason(source, ctx)  # type: ignore[arg-type]
+    assert reason is not None and "is_nonzero" in reason and "reads tensors back to the host" in reason
+
+
+def test_cuda_graph_takes_a_forward_without_host_reads(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import mlp_recipe, write_recipe
+
+    import optimizer.runtime.gpu
+    from optimizer.core.artifact import Artifact
+    from optimizer.recipe.loading import load_recipe
+    from optimizer.runtime.inputs import build_feeds
+    from optimizer.runtime.runners.torch_runner import TorchRunner
+    from passes.cuda_graph import CudaGraphConfig, CudaGraphPass
+
+    recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(target={"device": "cuda"})))
+    monkeypatch.setattr(optimizer.runtime.gpu, "cuda_reason", lambda: None)
+    ctx = SimpleNamespace(recipe=recipe, feeds=build_feeds(recipe, 1, per_scenario=False),
+                          session=lambda a, device: TorchRunner(a, recipe, device=device).load())
+    source = Artifact("torch", None, input_names=["x"], output_names=["logits"])
+    assert CudaGraphPass(CudaGraphConfig()).skip_reason(source, ctx) is None  # type: ignore[arg-type]
