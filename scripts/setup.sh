@@ -19,5 +19,5 @@ for v in 10.13.3.9 11.4.0.106; do
     || python -m pip download -q --no-deps --only-binary=:all: -d .cache/api-wheels "tensorrt-cu12-bindings==$v"
 done
 # What onnxruntime-gpu offers (its Python API, the option keys in its binaries), recorded without installing it.
-[ -f .cache/api-wheels/onnxruntime-gpu.json ] || python scripts/ort_gpu_surface.py
+python scripts/ort_gpu_surface.py --if-stale  # again when the code passes a key the record lacks
 python -c "import torch, onnx, onnxruntime; print('setup ok: torch', torch.__version__, '| onnx', onnx.__version__, '| onnxruntime', onnxruntime.__version__)"

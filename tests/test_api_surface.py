@@ -231,7 +231,7 @@ def test_onnxruntime_gpu_offers_what_we_call() -> None:
     surface = json.loads(path.read_text())
     api = surface["python_api"]
     for cls, names in {
-        "IOBinding": ["bind_ortvalue_input", "bind_output", "copy_outputs_to_cpu"],
+        "IOBinding": ["bind_ortvalue_input", "bind_input", "bind_output", "copy_outputs_to_cpu"],
         "Session": ["io_binding", "run_with_iobinding", "get_providers"],
         "OrtValue": ["ortvalue_from_numpy", "update_inplace"],
     }.items():

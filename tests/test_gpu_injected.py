@@ -465,11 +465,25 @@ class FakeRunOptions:
 
 class FakeBinding:
     def __init__(self) -> None:
-        self.inputs: dict[str, FakeOrtValue] = {}
+        self.inputs: dict[str, Any] = {}
         self.out: np.ndarray | None = None
 
     def bind_ortvalue_input(self, name: str, value: FakeOrtValue) -> None:
         self.inputs[name] = value
+
+    def bind_input(self, name: str, device: str, index: int, dtype: Any, shape: list[int], ptr: int) -> None:
+        """Bound by address, as ORT does: a replay reads whatever that memory holds then."""
+        self.inputs[name] = (ptr, np.dtype(dtype), tuple(shape))
+
+    def read(self, name: str) -> np.ndarray:
+        import ctypes
+
+        value = self.inputs[name]
+        if isinstance(value, FakeOrtValue):
+            return value.data
+        ptr, dtype, shape = value
+        size = int(np.prod(shape)) * dtype.itemsize
+        return np.frombuffer((ctypes.c_char * size).from_address(ptr), dtype=dtype).reshape(shape).copy()
 
     def bind_output(self, name: str, device: str, index: int) -> None:
         pass
@@ -486,6 +500,7 @@ class FakeGraphSession:
     def __init__(self) -> None:
         self.captured: dict[str, FakeBinding] = {}
         self.ids: list[str] = []
+        self.options: list[dict[str, str]] = []
 
     def io_binding(self) -> FakeBinding:
         return FakeBinding()
@@ -493,8 +508,9 @@ class FakeGraphSession:
     def run_with_iobinding(self, binding: FakeBinding, options: FakeRunOptions | None = None) -> None:
         gid = (options.entries.get("gpu_graph_id") if options else None) or "0"
         self.ids.append(gid)
+        self.options.append(dict(options.entries) if options else {})
         target = self.captured.setdefault(gid, binding)
-        target.out = target.inputs["x"].data * 2
+        target.out = target.read("x") * 2
 
 
 def test_ort_cuda_graph_per_shape_and_each_feed_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -506,15 +522,20 @@ def test_ort_cuda_graph_per_shape_and_each_feed_its_own(monkeypatch: pytest.Monk
     monkeypatch.setattr(ort, "RunOptions", FakeRunOptions)
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "stream", fake_stream_ctx)
     session = OrtCudaSession.__new__(OrtCudaSession)
     session.session, session.runtime = FakeGraphSession(), {"cuda_graph": True}
     session.input_names, session.output_names = ["x"], ["y"]
+    session.device_name, session.stream = "cpu", FakeStream("ort")
     a, b, c = (np.full(shape, v, np.float32) for shape, v in (((1, 4), 1.0), ((2, 4), 3.0), ((1, 4), 5.0)))
     pa, pb, pc = (session.prepare({"x": f}) for f in (a, b, c))
-    np.testing.assert_array_equal(session.to_numpy(session.run(pb))[0], 2 * b)  # its own graph, not graph 0's
-    np.testing.assert_array_equal(session.to_numpy(session.run(pc))[0], 2 * c)  # same shape as a, its own data
-    np.testing.assert_array_equal(session.to_numpy(session.run(pa))[0], 2 * a)
+    for prepared, expected in ((pa, 2.0), (pb, 6.0), (pc, 10.0), (pa, 2.0)):  # a, its own graph, a's shape, a again
+        got = session.to_numpy(session.run(prepared))[0]
+        np.testing.assert_array_equal(got, np.full(got.shape, expected))
     assert set(session.session.ids) == {"1", "2"}  # one graph id per shape, never ORT's shared default
+    # Timed runs do not synchronize inside ORT: the end event follows the last kernel, not the host's wait.
+    assert all(o.get("disable_synchronize_execution_providers") == "1" for o in session.session.options)
+    assert session._events[0].streams[-1] is session.stream is session._events[1].streams[-1]
 
 
 def test_tensorrt_builds_with_tf32_unless_asked(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -596,3 +617,46 @@ def test_cuda_graph_takes_a_forward_without_host_reads(tmp_path: Any, monkeypatc
                           session=lambda a, device: TorchRunner(a, recipe, device=device).load())
     source = Artifact("torch", None, input_names=["x"], output_names=["logits"])
     assert CudaGraphPass(CudaGraphConfig()).skip_reason(source, ctx) is None  # type: ignore[arg-type]
+
+
+def test_tensorrt_event_span_holds_the_enqueue_only(fake_cuda: None) -> None:
+    """Shapes and tensor addresses are host-side setup: set before the start event, not inside the span."""
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def record(self, stream: Any = None) -> None:
+            log.append(self.name)
+
+    class Context:
+        def set_input_shape(self, name: str, shape: Any) -> bool:
+            log.append("set_input_shape")
+            return True
+
+        def set_tensor_address(self, name: str, ptr: int) -> None:
+            log.append("set_tensor_address")
+
+        def execute_async_v3(self, stream: int) -> bool:
+            log.append("enqueue")
+            return True
+
+    session = TrtSession.__new__(TrtSession)
+    session.torch = torch
+    session.stream = SimpleNamespace(cuda_stream=1, synchronize=lambda: None)
+    session._events = (Event("start"), Event("end"))
+    x = torch.zeros(2)
+    session.run({"graph": None, "context": Context(), "inputs": {"x": x}, "outputs": {"y": x}})
+    assert log[log.index("start"):] == ["start", "enqueue", "end"], log
+
+
+def test_gpu_busy_time_counts_overlapping_kernels_once() -> None:
+    from optimizer.runtime.gpu.kernels import count_trace_events
+
+    events = [  # two calls; in the first, two kernels overlap on two streams for 50 of their 100 us
+        {"cat": "kernel", "name": "a", "ts": 0, "dur": 100}, {"cat": "kernel", "name": "b", "ts": 50, "dur": 100},
+        {"cat": "kernel", "name": "a", "ts": 1000, "dur": 100},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5},
+    ]
+    assert count_trace_events(events, 2)["busy_ms"] == pytest.approx((150 + 100) / 1000 / 2)

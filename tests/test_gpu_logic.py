@@ -135,7 +135,7 @@ def test_kernel_and_launch_counts_from_a_trace() -> None:
         {"cat": "cpu_op", "name": "aten::mm"},
     ]
     counts = count_trace_events(eager, calls=2)
-    assert counts == {"kernels": 3.0, "launches": 2.0, "graph_launches": 0.0, "memcpy": 0.5, "calls": 2}
+    assert counts == {"kernels": 3.0, "launches": 2.0, "graph_launches": 0.0, "memcpy": 0.5, "busy_ms": 0.0, "calls": 2}
     graph = [{"cat": "kernel", "name": "gemm"}] * 6 + [{"cat": "cuda_runtime", "name": "cudaGraphLaunch"}] * 2
     counts = count_trace_events(graph, calls=2)
     assert counts["kernels"] == 3.0 and counts["launches"] == 1.0 and counts["graph_launches"] == 1.0
@@ -169,17 +169,20 @@ def test_more_kernel_launches_than_the_parent_is_a_finding() -> None:
     from optimizer.report.build import columns, findings, stage_rows
 
     def stage(index: int, name: str, parent: str | None, launches: float) -> dict:
-        k = {"kernels": 300.0, "launches": launches, "graph_launches": 0.0, "memcpy": 0.0, "calls": 3}
+        k = {"kernels": 300.0, "launches": launches, "graph_launches": 0.0, "memcpy": 0.0, "calls": 3, "busy_ms": 0.6}
         lat = {"n": 3, "p50_ms": 1.0, "p90_ms": 1.0, "p99_ms": 1.0, "mean_ms": 1.0, "std_ms": 0.0, "min_ms": 1.0}
-        scen = {"latency": {**lat, "cv": 0.01}, "throughput": {"samples_per_s": 1000.0}, "cuda_kernels": k}
+        span = {**lat, "p50_ms": 0.8, "cv": 0.01}
+        scen = {"latency": {**lat, "cv": 0.01}, "throughput": {"samples_per_s": 1000.0}, "cuda_kernels": k,
+                "gpu_latency": span}
         metrics = {"within_budget": True, "budget": "ok", "accuracy": {}, "scenarios": {"b1": scen}}
         return {"index": index, "name": name, "type": "x", "parent": parent, "status": "ran", "metrics": metrics}
 
     report = report_of([stage(0, "base", None, 301), stage(1, "flash", "base", 412), stage(2, "lean", "flash", 400)])
     said = findings(report)
     assert said == ["flash (x) on b1: 37% more kernel launches per call than its input (base): 412 vs 301"]
-    assert columns(report)[-1] == ("kernels", "kernels/launches")
+    assert columns(report)[-2:] == [("gpu_time", "span/busy ms"), ("kernels", "kernels/launches")]
     assert [r["kernels"] for r in stage_rows(report, "b1")] == ["300/301", "300/412", "300/400"]
+    assert stage_rows(report, "b1")[0]["gpu_time"] == "0.80/0.60"  # event span, then GPU busy time (CUPTI)
 
 
 @pytest.mark.gpu

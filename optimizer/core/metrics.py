@@ -90,6 +90,7 @@ class CudaKernels(Facts):
     launches: float | None = None
     graph_launches: float | None = None
     memcpy: float | None = None
+    busy_ms: float | None = None  # GPU busy time: while at least one kernel ran (CUPTI), no launch gaps
     calls: int | None = None
     reason: str | None = None
 
@@ -162,7 +163,9 @@ class ScenarioMetrics(Facts):
     instance_factor: float | None = None
     tpot_instance_variance: float | None = None  # generation: the same reading for tpot_vs_parent
     tpot_instance_df: int | None = None
-    gpu_latency: Latency | None = None  # CUDA stages: device time apart from host latency
+    # CUDA stages: the CUDA event span of each call on its compute stream (kernels and the gaps between their
+    # launches; no host setup or sync inside it). GPU busy time is cuda_kernels.busy_ms.
+    gpu_latency: Latency | None = None
     transfers: Transfers | None = None
     nvml: NvmlSummary | None = None
     cuda_kernels: CudaKernels | None = None

@@ -61,6 +61,16 @@ def kernels_cell(k: CudaKernels | None) -> str:
     return "-" if k is None or not k.counted else f"{k.kernels:.0f}/{k.launches:.0f}"
 
 
+def gpu_time_cell(sm: ScenarioMetrics | None) -> str:
+    """'0.84/0.61': the CUDA event span P50 (kernels and the gaps between their launches) / the GPU's busy time
+    per call (while a kernel ran, from CUPTI); host latency is the P50 column. Each '-' where not measured."""
+    if sm is None:
+        return "-"
+    span = fmt(sm.gpu_latency.p50_ms if sm.gpu_latency is not None else None)
+    busy = sm.cuda_kernels.busy_ms if sm.cuda_kernels is not None else None
+    return f"{span}/{fmt(busy)}"
+
+
 def tail_cell(lat: Latency | None, key: str = "p99") -> str:
     """A tail percentile when its 95% interval is bounded by the calls taken, else 'n.r.' (not resolved)."""
     if lat is None:
@@ -165,6 +175,7 @@ def stage_rows(report: RunReport, scenario: str) -> list[dict[str, str]]:
                 "agreement": "-" if first is None or first.token_agreement is None else f"{first.token_agreement:.3f}",
                 "cv": "-" if lat is None else f"{lat.cv:.1%}",
                 "kernels": kernels_cell(sm.cuda_kernels if sm is not None else None),
+                "gpu_time": gpu_time_cell(sm),
                 "tpot_vs_export": _tpot_cell(report, st, scenario),
             }
         )
@@ -191,7 +202,7 @@ def columns(report: RunReport) -> list[tuple[str, str]]:
         if st.metrics is not None
         for sm in st.metrics.scenarios.values()
     )
-    return [*cols, ("kernels", "kernels/launches")] if counted else cols
+    return [*cols, ("gpu_time", "span/busy ms"), ("kernels", "kernels/launches")] if counted else cols
 
 
 def scenario_summary(report: RunReport) -> tuple[list[str], list[list[str]]]:

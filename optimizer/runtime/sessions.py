@@ -149,7 +149,7 @@ def thread_settings(runtime: dict[str, Any], threads: int) -> dict[str, Any]:
 
 
 CUDA_PROVIDER_KEYS = ("enable_cuda_graph", "has_user_compute_stream", "user_compute_stream")
-CUDA_RUN_KEYS = ("gpu_graph_id",)
+CUDA_RUN_KEYS = ("gpu_graph_id", "disable_synchronize_execution_providers")
 
 
 def providers_for(runtime: dict[str, Any], device: str, compute_stream: int | None = None) -> list[Any]:

@@ -32,13 +32,28 @@ GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")
 _API_SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds)+$")
 
 
+def busy_ms(intervals: list[tuple[float, float]]) -> float:
+    """Milliseconds during which at least one of the (start µs, duration µs) intervals ran: kernels overlapping on
+    two streams count once."""
+    total, end = 0.0, float("-inf")
+    for start, dur in sorted(intervals):
+        stop = start + dur
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total / 1000.0
+
+
 def count_trace_events(events: Iterable[Mapping[str, Any]], calls: int) -> dict[str, float]:
-    """Per-call counts from Chrome-trace events (Kineto's categories: kernel, gpu_memcpy, cuda_runtime...)."""
+    """Per-call counts from Chrome-trace events (Kineto's categories: kernel, gpu_memcpy, cuda_runtime...), and
+    `busy_ms`: the time per call at least one kernel ran on the device (the GPU's busy time, no launch gaps)."""
     kernels = memcpy = launches = graph_launches = 0
+    spans: list[tuple[float, float]] = []
     for ev in events:
         cat, name = ev.get("cat", ""), ev.get("name", "")
         if cat == "kernel":
             kernels += 1
+            spans.append((float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0))))
         elif cat in ("gpu_memcpy", "gpu_memset"):
             memcpy += 1
         elif cat in ("cuda_runtime", "cuda_driver"):
@@ -53,6 +68,7 @@ def count_trace_events(events: Iterable[Mapping[str, Any]], calls: int) -> dict[
         "launches": (launches + graph_launches) / n,
         "graph_launches": graph_launches / n,
         "memcpy": memcpy / n,
+        "busy_ms": busy_ms(spans) / n,
         "calls": calls,
     }
 

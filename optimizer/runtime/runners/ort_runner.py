@@ -59,19 +59,32 @@ class OrtSession(Session):
 
 class OrtCudaSession(OrtSession):
     """CUDA EP with IO binding: inputs copied to the device once in `prepare`, outputs bound on the device, so
-    `run` times compute only; with cuda_graph, ORT captures on the first run and replays after (fixed buffers).
-    GPU time comes from CUDA events around the run, recorded on the session's own stream, which is the stream ORT
-    computes on: the session is opened with it as `user_compute_stream` (providers_for)."""
+    `run` times compute only; with cuda_graph, ORT captures on the first runs and replays after (fixed buffers).
+    The CUDA event span comes from events recorded on the session's own stream, which is the stream ORT computes
+    on (`user_compute_stream`, providers_for); runs are asked not to synchronize (ORT's
+    disable_synchronize_execution_providers), so the end event follows the last kernel, not the host's wait, and
+    the host's own synchronize after it is what host latency includes."""
 
     device_time = True
     stream: Any = None  # the session's torch.cuda.Stream (OrtRunner gives it)
+    device_name = "cuda"  # where feeds and captured buffers live (tests inject "cpu")
+
+    @staticmethod
+    def _run_options(graph_id: int | None = None) -> Any:
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        if graph_id is not None:
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return options
 
     def prepare(self, feed: dict[str, np.ndarray]) -> Any:
         """Without cuda_graph: the feed on the device, outputs bound there (one binding per feed). With it: one
         CUDA graph per input shape, each under its own `gpu_graph_id`, over static input buffers and its own
-        binding; `run` writes the feed into them first (a host-to-device copy of the inputs, inside the timed
-        call, as a server feeding a captured graph does). One graph id for every shape, as before, replayed
-        graph 0 for a second shape and left that binding's outputs unwritten."""
+        binding, and this feed on the device beside them; `run` copies it into them (device to device, on the
+        compute stream, inside the span) and replays. The parent's feeds are on the device too, so both sides of
+        a ratio start from device memory."""
         import onnxruntime as ort
 
         feed = super().prepare(feed)
@@ -86,28 +99,30 @@ class OrtCudaSession(OrtSession):
         for name in self.output_names:
             binding.bind_output(name, "cuda", 0)
         self.session.run_with_iobinding(binding)  # allocates the outputs
-        return (binding, keep, None)
+        return (binding, keep, self._run_options())
 
     def _graph_for(self, feed: dict[str, np.ndarray]) -> Any:
-        import onnxruntime as ort
+        import torch
 
         graphs: dict[Any, Any] = self.__dict__.setdefault("_graphs", {})
         key = tuple((n, a.shape, a.dtype.str) for n, a in feed.items())
+        own = {n: torch.from_numpy(np.ascontiguousarray(a)).to(self.device_name) for n, a in feed.items()}
         if key not in graphs:
-            options = ort.RunOptions()
-            options.add_run_config_entry("gpu_graph_id", str(len(graphs) + 1))  # 0 is ORT's default id
+            options = self._run_options(graph_id=len(graphs) + 1)  # 0 is ORT's default id
             binding = self.session.io_binding()
-            static = {}
-            for name, arr in feed.items():
-                static[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", 0)
-                binding.bind_ortvalue_input(name, static[name])
+            static = {n: t.clone() for n, t in own.items()}  # never a feed's own tensors (call order 0, 1, 0)
+            for name, t in static.items():
+                binding.bind_input(name, "cuda", 0, feed[name].dtype, list(t.shape), t.data_ptr())
             for name in self.output_names:
                 binding.bind_output(name, "cuda", 0)
+            torch.cuda.synchronize()  # the copies above ran on torch's stream, which ORT's does not wait for
             for _ in range(2):  # ORT warms up, then captures on a later run
                 self.session.run_with_iobinding(binding, options)
+            torch.cuda.synchronize()
             graphs[key] = (binding, static, options)
         binding, static, options = graphs[key]
-        return (binding, static, {n: np.ascontiguousarray(a) for n, a in feed.items()}, options)
+        torch.cuda.synchronize()
+        return (binding, static, own, options)
 
     def run(self, prepared: Any) -> Any:
         import torch
@@ -117,12 +132,12 @@ class OrtCudaSession(OrtSession):
         self._events[0].record(self.stream)
         if len(prepared) == 4:  # a captured shape: this feed into its static buffers, then replay
             binding, static, values, options = prepared
-            for name, value in values.items():
-                static[name].update_inplace(value)
-            self.session.run_with_iobinding(binding, options)
+            with torch.cuda.stream(self.stream):
+                for name, value in values.items():
+                    static[name].copy_(value, non_blocking=True)
         else:
-            binding = prepared[0]
-            self.session.run_with_iobinding(binding)
+            binding, _, options = prepared
+        self.session.run_with_iobinding(binding, options)
         self._events[1].record(self.stream)
         torch.cuda.synchronize()
         return binding
@@ -152,7 +167,8 @@ class OrtCudaSession(OrtSession):
             **super().describe(),
             "io_binding": True,
             "cuda_graph": bool(self.runtime.get("cuda_graph")),
-            "transfers": "excluded from timing (measured apart)",
+            "transfers": "host-device copies excluded from timing (measured apart); a captured graph's feed is "
+            "copied device to device into its buffers inside the call",
         }
 
 

@@ -109,6 +109,8 @@ class TrtSession(Session):
             context.set_tensor_address(n, t.data_ptr())
 
     def run(self, prepared: Any) -> Any:
+        if prepared["graph"] is None:  # host-side setup (shapes, addresses): outside the event span
+            self._bind(prepared["context"], prepared["inputs"], prepared["outputs"])
         self._events[0].record(self.stream)
         if prepared["graph"] is not None:
             # Both on the stream the events and the sync are on: replay() launches on the current stream, and
@@ -119,7 +121,6 @@ class TrtSession(Session):
                         prepared["static"][n].copy_(t, non_blocking=True)
                 prepared["graph"].replay()
         else:
-            self._bind(prepared["context"], prepared["inputs"], prepared["outputs"])
             if not prepared["context"].execute_async_v3(self.stream.cuda_stream):
                 raise OptimizerError("TensorRT execute_async_v3 failed")
         self._events[1].record(self.stream)
