@@ -6,10 +6,12 @@ means its gain (fewer kernel launches, no per-launch CPU work) is attributed her
 the TensorRT or ONNX Runtime stage before it.
 
 Eligibility, checked before anything runs: a CUDA device and target.device cuda; for ONNX, onnxruntime-gpu,
-no data-dependent control flow (If/Loop/Scan), and every node placed on the CUDA EP (a CPU-fallback node
-breaks capture); for a PyTorch forward, no op that reads a tensor back to the host on any scenario's input
-(transformers' mask builders check a 2-D attention mask with one: illegal while capturing). Shapes are static
-per scenario, which is what capture needs; one graph per scenario, each captured once during the pass.
+no data-dependent control flow (If/Loop/Scan), and no host-device copy in the graph ORT places (its own rule:
+shape nodes it keeps on the CPU are fine); for a PyTorch forward, no op that reads a tensor back to the host on
+any scenario's input (transformers' mask builders check a 2-D attention mask with one: illegal while
+capturing). Shapes are static per scenario, which is what capture needs; one graph per scenario, each captured
+once during the pass and verified to replay as a graph launch (CUPTI): a runtime may decline a capture with a
+warning only.
 """
 
 from __future__ import annotations
@@ -79,9 +81,13 @@ class CudaGraphPass(Pass):
             with ctx.session(out, ctx.recipe.target.device) as session:
                 for sf in ctx.feeds:
                     session.run(session.prepare(sf.timing))
+                launches = verify_captured(session, ctx.feeds)
+        except PassError:
+            raise
         except Exception as e:
             raise PassError(f"CUDA graph capture failed: {e}") from e
-        return PassResult(out, modified=True, notes={"captured": artifact.kind, "graphs": len(ctx.recipe.scenarios)})
+        notes = {"captured": artifact.kind, "graphs": len(ctx.recipe.scenarios), "verified": launches}
+        return PassResult(out, modified=True, notes=notes)
 
 
 def forward_host_reads(session: Any, feeds: Any) -> list[str]:
@@ -131,18 +137,52 @@ def onnx_blockers(artifact: Artifact) -> str | None:
     blockers = cuda_graph_blockers(op_histogram(artifact.path))
     if blockers:
         return f"control-flow ops {', '.join(blockers)} cannot be captured"
+    return memcpy_reason(artifact.path)
+
+
+MEMCPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
+
+
+def memcpy_reason(path: Any) -> str | None:
+    """ORT's own rule for capture: no copy between host and device inside the graph. Nodes it deliberately keeps
+    on the CPU (shape arithmetic on CPU tensors) are capturable; a node whose device tensor must cross to the
+    host is not. The session ORT builds (CUDA EP, CPU fallback allowed, its default optimizations) is saved
+    after placement, where its Memcpy nodes show; None when there are none."""
+    import tempfile
+    from pathlib import Path
+
     from optimizer.core.errors import OptimizerError
+    from optimizer.runtime import onnx_io
     from optimizer.runtime.sessions import ort_session
 
-    try:  # ORT's default session options (all optimizations, its thread count): where nodes land as a user's would
-        ort_session(
-            artifact.path,
-            {"graph_optimization_level": "all"},
-            0,
-            "cuda",
-            config={"session.disable_cpu_ep_fallback": "1"},
-            providers=["CUDAExecutionProvider"],
-        )
-    except OptimizerError as e:
-        return f"some nodes cannot run on the CUDA EP, so the graph cannot be captured ({str(e).splitlines()[0]})"
+    with tempfile.TemporaryDirectory(prefix="cuda-graph-placement-") as tmp:
+        placed = Path(tmp) / "placed.onnx"
+        try:
+            ort_session(path, {"graph_optimization_level": "all"}, 0, "cuda", optimized_path=str(placed))
+        except OptimizerError as e:
+            return f"onnxruntime cannot open it on the CUDA EP ({str(e).splitlines()[0]})"
+        copies = [n for n in onnx_io.load(placed, with_weights=False).graph.node if n.op_type in MEMCPY_OPS]
+    if copies:
+        names = ", ".join(n.name or n.output[0] for n in copies[:3])
+        return (f"onnxruntime places part of the graph on the CPU with {len(copies)} host-device copies inside it "
+                f"({names}{', ...' if len(copies) > 3 else ''}), which a CUDA graph cannot capture")
     return None
+
+
+def verify_captured(session: Any, feeds: Any) -> dict[str, Any]:
+    """That a replay is one graph launch (CUPTI, through the PyTorch profiler) on every scenario's input: ORT
+    declines a capture with a warning only, and the stage would say "captured" while running eagerly. The
+    counts per scenario; PassError when a replay launched no graph; {"reason"} when the profiler cannot tell."""
+    from optimizer.runtime.gpu.kernels import profile_kernels
+
+    found: dict[str, Any] = {}
+    for sf in feeds:
+        prepared = session.prepare(sf.timing)
+        counts = profile_kernels(lambda p=prepared: session.run(p))
+        if "reason" in counts:
+            return {"reason": f"capture not verified: {counts['reason']}"}
+        if not counts.get("graph_launches"):
+            raise PassError(f"no CUDA graph was launched on {sf.scenario.name}: the runtime ran the stage eagerly "
+                            f"({counts['launches']:.0f} kernel launches per call), so it is not captured")
+        found[sf.scenario.name] = counts
+    return found

@@ -660,3 +660,56 @@ def test_gpu_busy_time_counts_overlapping_kernels_once() -> None:
         {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5},
     ]
     assert count_trace_events(events, 2)["busy_ms"] == pytest.approx((150 + 100) / 1000 / 2)
+
+
+# ---------------------------------------------------------------- ORT capture: ORT's rule, and verified
+def _placed_graph(path: Any, copies: bool) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape_on_cpu")]  # ORT keeps shape nodes on the CPU
+    if copies:
+        nodes.append(helper.make_node("MemcpyToHost", ["x"], ["xh"], name="to_host"))
+    nodes.append(helper.make_node("Identity", ["x"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(graph), str(path))
+
+
+@pytest.mark.parametrize("copies", [False, True])
+def test_ort_capture_eligibility_is_orts_own_rule(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                  copies: bool) -> None:
+    """Nodes ORT keeps on the CPU on purpose (shape arithmetic) do not block a capture; a host-device copy in the
+    placed graph does. The old check (disable_cpu_ep_fallback) refused both."""
+    import optimizer.runtime.sessions
+    from passes.cuda_graph import memcpy_reason
+
+    asked: list[dict[str, Any]] = []
+
+    def placed_session(path: Any, runtime: Any, threads: int, device: str, **kw: Any) -> None:
+        asked.append(kw)
+        _placed_graph(kw["optimized_path"], copies)
+
+    monkeypatch.setattr(optimizer.runtime.sessions, "ort_session", placed_session)
+    reason = memcpy_reason(tmp_path / "m.onnx")
+    assert "config" not in asked[0]  # CPU fallback allowed, as ORT itself would place the graph
+    assert (reason is not None and "to_host" in reason and "host-device copies" in reason) if copies else reason is None
+
+
+def test_a_stage_is_called_captured_only_when_a_graph_was_launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORT declines a capture with a warning only: the stage must not say "captured" while running eagerly."""
+    import optimizer.runtime.gpu.kernels as kernels
+    from optimizer.core.errors import PassError
+    from passes.cuda_graph import verify_captured
+
+    session = SimpleNamespace(prepare=lambda feed: feed, run=lambda prepared: None)
+    feeds = [SimpleNamespace(scenario=SimpleNamespace(name="b1"), timing={"x": 1})]
+    eager = {"kernels": 40.0, "launches": 40.0, "graph_launches": 0.0, "memcpy": 0.0, "calls": 3}
+    monkeypatch.setattr(kernels, "profile_kernels", lambda fn, calls=3: eager)
+    with pytest.raises(PassError, match="ran the stage eagerly"):
+        verify_captured(session, feeds)
+    replayed = {**eager, "launches": 1.0, "graph_launches": 1.0}
+    monkeypatch.setattr(kernels, "profile_kernels", lambda fn, calls=3: replayed)
+    assert verify_captured(session, feeds)["b1"]["graph_launches"] == 1.0
+    monkeypatch.setattr(kernels, "profile_kernels", lambda fn, calls=3: {"reason": "CUPTI busy"})
+    assert verify_captured(session, feeds) == {"reason": "capture not verified: CUPTI busy"}
