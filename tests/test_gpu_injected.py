@@ -713,3 +713,56 @@ def test_a_stage_is_called_captured_only_when_a_graph_was_launched(monkeypatch: 
     assert verify_captured(session, feeds)["b1"]["graph_launches"] == 1.0
     monkeypatch.setattr(kernels, "profile_kernels", lambda fn, calls=3: {"reason": "CUPTI busy"})
     assert verify_captured(session, feeds) == {"reason": "capture not verified: CUPTI busy"}
+
+
+# ---------------------------------------------------------------- GPU memory of any runtime
+class DeviceMemory:
+    """A device whose memory a runtime outside PyTorch (a TensorRT engine, ORT's arena) allocates: torch's
+    allocator never sees it; the process's device memory does."""
+
+    def __init__(self) -> None:
+        self.outside = 0  # bytes a non-torch runtime holds
+        self.torch = 0
+
+    def mem_get_info(self) -> tuple[int, int]:
+        total = 80 * 2**30
+        return total - (self.outside + self.torch + 500 * 2**20), total  # 500 MB: the CUDA context
+
+
+def test_gpu_memory_counts_what_a_runtime_outside_pytorch_allocates(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from optimizer.runtime.gpu.memory import MEM_GET_INFO, GpuMemoryProbe
+
+    device = DeviceMemory()
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no nvidia-ml-py (the GPU machine lacks it): the fallback
+    for name, fn in {"synchronize": lambda: None, "empty_cache": lambda: None, "reset_peak_memory_stats": lambda: None,
+                     "memory_allocated": lambda: device.torch, "max_memory_allocated": lambda: device.torch,
+                     "mem_get_info": device.mem_get_info}.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    probe = GpuMemoryProbe("cuda").start()
+    device.outside += 300 * 2**20  # the engine's weights and its context's activation memory
+    mb, method = probe.result()
+    assert mb == pytest.approx(300) and method == MEM_GET_INFO
+    assert GpuMemoryProbe("cpu").start().result() == (None, None)
+
+
+def test_gpu_memory_reads_nvmls_per_process_figure_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import sys
+
+    from optimizer.runtime.gpu.memory import NVML, process_device_bytes
+
+    used = {"me": 700 * 2**20}
+    fake = SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "gpu", nvmlDeviceGetHandleByUUID=lambda u: "gpu",
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [
+            SimpleNamespace(pid=os.getpid() + 1, usedGpuMemory=9 * 2**30),  # another process: not ours
+            SimpleNamespace(pid=os.getpid(), usedGpuMemory=used["me"]),
+        ],
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid="GPU-x"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert process_device_bytes() == (700 * 2**20, NVML)

@@ -259,7 +259,8 @@ class StageMetrics(Facts):
     runtime: dict[str, Any] = {}  # what the runner says it ran with (its keys depend on the runtime)
     memory_mb: float | None = None  # the memory figure: `memory.peak_mb`, or the in-process growth
     memory: Memory | None = None
-    gpu_memory_mb: float | None = None  # peak allocated by torch's allocator (torch and TensorRT stages)
+    gpu_memory_mb: float | None = None  # device memory the stage's runtime took (runtime.gpu.memory), any runtime
+    gpu_memory_method: str | None = None  # how it was read: NVML per-process, or cudaMemGetInfo
     accuracy: dict[str, OutputAccuracy]  # per output, in the model's output order
     within_budget: bool
     budget: str  # the sentence that says why

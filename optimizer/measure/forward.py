@@ -36,6 +36,7 @@ from optimizer.measure.machine import LoadSampler
 from optimizer.measure.profiles import OpProfile, cuda_kernel_times, ort_op_profile, scenario_profile, torch_profile
 from optimizer.measure.stats import LatencyStats, instance_variance, median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
+from optimizer.runtime.gpu.memory import GpuMemoryProbe
 from optimizer.runtime.gpu.nvml import NvmlSampler
 from optimizer.runtime.inputs import Feed, FeedSet
 from optimizer.runtime.runners import runner_for
@@ -75,23 +76,6 @@ def stage_memory(artifact: Artifact, recipe: Recipe, inline_mb: float) -> tuple[
             return float(result["peak_mb"]), {"method": "process", **result, **detail}
         detail["reason"] = result["reason"]
     return inline_mb, {"method": "inline", **detail}
-
-
-def _gpu_allocated(recipe: Recipe) -> int:
-    if recipe.target.device != "cuda":
-        return 0
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    return int(torch.cuda.memory_allocated())
-
-
-def _gpu_peak(recipe: Recipe) -> int:
-    import torch
-
-    torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated())
 
 
 def run_all(session: Session, feeds: FeedSet) -> Reference:
@@ -202,13 +186,13 @@ def measure_stage(
     gc.collect()
     with ExitStack() as stack:
         before = _rss()
-        gpu_before = _gpu_allocated(recipe)
+        gpu_probe = GpuMemoryProbe(recipe.target.device).start()
         session = stack.enter_context(runner_for(artifact, recipe).load())
         prepared = {sf.scenario.name: [session.prepare(f) for f in sf.samples] for sf in feeds}
         for name in prepared:
             warm_up_all(session, prepared[name], settings.warmup)
         memory_mb = (_rss() - before) / 2**20
-        gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
+        gpu_memory_mb, gpu_memory_method = gpu_probe.result()
 
         new_reference = run_all(session, feeds) if reference is None else None
         # Stage 0's own NaN/inf: every later stage is compared against them (NaN agrees with NaN), so say so.
@@ -307,7 +291,8 @@ def measure_stage(
             runtime=session.describe(),
             memory_mb=memory_mb,
             memory=Memory.model_validate(memory),
-            gpu_memory_mb=gpu_memory_mb,  # peak allocated by torch's allocator (torch and TensorRT stages)
+            gpu_memory_mb=gpu_memory_mb,  # what the stage's runtime took on the device (runtime.gpu.memory)
+            gpu_memory_method=gpu_memory_method,
             accuracy=accuracy,
             within_budget=verdict.within,
             budget=verdict.why,

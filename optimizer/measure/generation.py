@@ -27,12 +27,13 @@ from optimizer.core.metrics import (
 )
 from optimizer.measure.accuracy import generation_agreement as agreement
 from optimizer.measure.bench_slot import bench_slot
-from optimizer.measure.forward import Progress, Reference, _gpu_allocated, _gpu_peak, _rss, latency_of, stage_memory
+from optimizer.measure.forward import Progress, Reference, _rss, latency_of, stage_memory
 from optimizer.measure.harness import instance_for, instances_for, twins_refused
 from optimizer.measure.profiles import generation_profile, scenario_profile
 from optimizer.measure.stats import instance_variance, median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.generation import Generation
+from optimizer.runtime.gpu.memory import GpuMemoryProbe
 from optimizer.runtime.inputs import FeedSet
 from optimizer.runtime.runners.gen_runner import generator_for
 
@@ -103,7 +104,7 @@ def measure_generation_stage(
     settings = recipe.benchmark
     gc.collect()
     before = _rss()
-    gpu_before = _gpu_allocated(recipe)
+    gpu_probe = GpuMemoryProbe(recipe.target.device).start()
     gen = generator_for(artifact, recipe)
     outputs: Reference = {}
     for sf in feeds:
@@ -111,7 +112,7 @@ def measure_generation_stage(
             _as_reference(gen.generate(f["input_ids"], sf.scenario.new_tokens)) for f in sf.samples
         ]
     memory_mb = (_rss() - before) / 2**20
-    gpu_memory_mb = (_gpu_peak(recipe) - gpu_before) / 2**20 if recipe.target.device == "cuda" else None
+    gpu_memory_mb, gpu_memory_method = gpu_probe.result()
     new_reference = outputs if reference is None else None
     ref = reference if reference is not None else outputs
     worst: dict[str, float] = {"token_agreement": 1.0, "cosine": 1.0, "logits_cosine_min": 1.0}
@@ -227,6 +228,7 @@ def measure_generation_stage(
         memory_mb=memory_mb,
         memory=Memory.model_validate(memory),
         gpu_memory_mb=gpu_memory_mb,
+        gpu_memory_method=gpu_memory_method,
         accuracy={name: OutputAccuracy.model_validate(a) for name, a in accuracy.items()},
         within_budget=within,
         budget=why,
