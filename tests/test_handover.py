@@ -282,18 +282,11 @@ def test_export_lock_refuses_while_held(run: Path, tmp_path: Path) -> None:
 
 
 def _slash_model(folder: Path) -> Path:
-    import onnx
-    from onnx import TensorProto, helper
+    """The corpus's one-MatMul graph whose tensor names hold '/' and ':' (optimizer/qa/round3_handover.py)."""
+    from optimizer.qa.round3_handover import _slash_model as write_slash_model
 
-    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], np.random.default_rng(0).random(64).tolist())
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["input/ids:0", "w"], ["out/logits:0"])], "g",
-        [helper.make_tensor_value_info("input/ids:0", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("out/logits:0", TensorProto.FLOAT, ["batch", 4])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
     path = folder / "slash.onnx"
-    onnx.save(model, path)
+    write_slash_model(path)
     return path
 
 

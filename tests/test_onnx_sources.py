@@ -50,12 +50,9 @@ def external_model(folder: Path, name: str = "m.onnx", location: str | None = No
 
 def set_location(path: Path, location: str) -> None:
     """Point every external tensor of the graph at `location` (the file itself is not touched)."""
-    model = onnx.load(str(path), load_external_data=False)
-    for t in model.graph.initializer:
-        for e in t.external_data:
-            if e.key == "location":
-                e.value = location
-    onnx.save(model, str(path))
+    from optimizer.qa.round3_sources import _point_at
+
+    _point_at(path, location)
 
 
 def onnx_source(path: Path, passes: list[dict]) -> dict:
