@@ -18,6 +18,7 @@ from optimizer.engine.pipeline import Pipeline
 from optimizer.measure.accuracy import AccuracyMeter, budget_verdict
 from optimizer.measure.best import best_stage
 from optimizer.measure.stats import low_quantile_bound
+from optimizer.qa.round3_edge import _spread as spread  # 40 cosines spread like a log-normal's quantiles
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import AccuracyBudget
 
@@ -59,18 +60,13 @@ def _pooled_accuracy(cosines: np.ndarray) -> dict:
 
 def test_a_stage_just_above_the_line_is_at_the_edge_and_one_well_above_is_resolved() -> None:
     budget = AccuracyBudget(metric="pooled_cosine", min=0.99)
-    z = stats.norm.ppf((np.arange(40) + 0.5) / 40)  # 40 sentences spread like a log-normal's quantiles
-
-    def spread(distance: float) -> np.ndarray:
-        return 1.0 - np.exp(math.log(distance) + 0.45 * z)
-
-    near = _pooled_accuracy(spread(0.0034))  # worst 0.9907: the main job, 0.001 above the line
+    near = _pooled_accuracy(np.array(spread(0.0034)))  # worst 0.9907: the main job, 0.001 above the line
     edge = budget_verdict(near, budget)
     assert near["last_hidden_state"]["pooled_cosine"] > 0.99 and edge.within
     assert edge.edge and "at the edge, not resolved" in edge.why and "(90%)" in edge.why
-    far = budget_verdict(_pooled_accuracy(spread(0.0005)), budget)
+    far = budget_verdict(_pooled_accuracy(np.array(spread(0.0005))), budget)
     assert far.within and not far.edge and "is above 0.99" in far.why
-    below = budget_verdict(_pooled_accuracy(spread(0.05)), budget)
+    below = budget_verdict(_pooled_accuracy(np.array(spread(0.05))), budget)
     assert not below.within and not below.edge and "is below 0.99" in below.why
 
 
