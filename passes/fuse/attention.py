@@ -11,7 +11,14 @@ Matching starts at each Softmax and walks outwards, so it accepts the forms toda
   * K^T as one Transpose(0,2,3,1), as Transpose(0,1,3,2) of the heads, or as the Reshape/Transpose/Reshape
     chain torch.export writes for SDPA (checked numerically to be K^T);
   * the NaN guard SDPA adds after Softmax (Where(IsNaN(p), 0, p));
-  * separate Q/K/V MatMuls, or one packed MatMul split three ways (GPT-2's Conv1D).
+  * separate Q/K/V MatMuls, or one packed MatMul split three ways (GPT-2's Conv1D);
+  * the TorchScript exporter's forms (and Optimum's, which uses it): Shape nodes reading P V and the heads (the
+    next Reshape's target is computed from them), SDPA's Reshape of P V back to [B, H, S, D] before the Transpose
+    (any short Reshape/Transpose chain there is checked on the probe to merge the heads exactly), a Cast to float
+    after Softmax, and the one-input Concat a KV cache that starts empty leaves on K and V.
+The output Reshape gets a constant target where the probe shows one reads the same (it is dropped where it gives
+Attention's [B, S, E] unchanged), so the per-block shape arithmetic TorchScript writes for it goes too. A block is
+fused only if rewriting it removes it: where a tensor inside it is used elsewhere, it is declined.
 The additive mask M is classified by evaluating the graph on a probe input (batch 2, the second row padded):
 none, padding (from a 2-D attention_mask input), causal, or causal + padding. Anything else (ALiBi, relative
 position bias, a 3-D mask) is left unfused, and the reason is reported per block.
@@ -19,7 +26,8 @@ position bias, a 3-D mask) is left unfused, and the reason is reported per block
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -27,6 +35,7 @@ import onnx_graphsurgeon as gs
 from passes.fuse.graph import MS, const, const_tensor, name_of, producer, scalar, variable
 from passes.fuse.rule import RuleReport
 
+FLOAT = 1  # onnx.TensorProto.FLOAT
 NEG_THRESHOLD = -1e4  # additive mask entries at or below this count as "masked"
 
 
@@ -54,8 +63,15 @@ class Block:
     mask: gs.Tensor | None
     scale: float
     out_reshape: gs.Node
+    pv: gs.Tensor  # P V, [B, H, S, D]
+    merged: gs.Tensor | None  # out_reshape's output, when the probe must show it is P V with the heads merged
     heads: int = 0
     mask_kind: str = "none"
+    # Whether the graph computes the output Reshape's target from a tensor inside the block (TorchScript writes
+    # Shape(P V transposed)), and the constant target that reads the same on Attention's [B, S, E] (`validate`).
+    own_shape: bool = False
+    core: list[gs.Node] = field(default_factory=list)  # Q K^T, Softmax, P V: what fusing must remove
+    out_shape: list[int] | None = None
 
 
 def _strip_scale(t: gs.Tensor) -> tuple[gs.Tensor, float]:
@@ -133,9 +149,19 @@ def _part(node: gs.Node, out: gs.Tensor, width: int) -> tuple[int, int]:
     return int(starts.reshape(-1)[0]), min(int(ends.reshape(-1)[0]), width)
 
 
+def _through(t: gs.Tensor) -> gs.Tensor:
+    """t with identities peeled off: Identity, and the one-input Concat the TorchScript exporter writes for a KV
+    cache that starts empty (GPT-2's torch.cat of the new key onto no past)."""
+    while True:
+        node = producer(t, ("Identity", "Concat"))
+        if node is None or len(node.inputs) != 1:
+            return t
+        t = node.inputs[0]
+
+
 def _heads(t: gs.Tensor, perm: list[int]) -> Projection:
     """t = Transpose(Reshape(linear), perm): the per-head view of a projection."""
-    tr = producer(t, "Transpose")
+    tr = producer(_through(t), "Transpose")
     if tr is None or list(tr.attrs.get("perm", [])) != perm:
         raise Decline(f"expected Transpose{perm} into the attention MatMul")
     rs = producer(tr.inputs[0], "Reshape")
@@ -152,7 +178,7 @@ def _key(t: gs.Tensor) -> tuple[Projection, gs.Tensor | None]:
         pass
     cur = t
     for _ in range(4):
-        node = producer(cur, ("Reshape", "Transpose"))
+        node = producer(_through(cur), ("Reshape", "Transpose"))
         if node is None:
             break
         cur = node.inputs[0]
@@ -194,30 +220,125 @@ def _match(softmax: gs.Node) -> Block:
     k, k_heads = _key(k_t)
     # Output side: optional NaN guard, then P V, Transpose back, Reshape to [B, S, E].
     probs = softmax.outputs[0]
-    users = list(probs.outputs)
-    guard = next((u for u in users if u.op == "Where"), None)
-    if guard is not None and {u.op for u in users} <= {"IsNaN", "Where"}:
-        probs = guard.outputs[0]
+    for _ in range(3):
+        users = list(probs.outputs)
+        guard = next((u for u in users if u.op == "Where"), None)
+        if guard is not None and {u.op for u in users} <= {"IsNaN", "Where"}:
+            probs = guard.outputs[0]
+        elif len(users) == 1 and users[0].op == "Cast" and users[0].attrs.get("to") == FLOAT:
+            probs = users[0].outputs[0]  # softmax(..., dtype=float32).to(dtype) on a float32 graph: TorchScript's form
+        else:
+            break
     pv = next((u for u in probs.outputs if u.op == "MatMul" and u.inputs[0] is probs), None)
     if pv is None or len(probs.outputs) != 1:
         raise Decline("softmax output does not go (only) into P V")
     v = _heads(pv.inputs[1], [0, 2, 1, 3])
     if not (q.x is k.x is v.x):
         raise Decline("Q, K and V are not projections of one input (cross-attention is not fused)")
-    tr = pv.outputs[0].outputs[0] if len(pv.outputs[0].outputs) == 1 else None
-    if tr is None or tr.op != "Transpose" or list(tr.attrs.get("perm", [])) != [0, 2, 1, 3]:
-        raise Decline("P V is not transposed back to [B, S, H, D]")
-    rs = tr.outputs[0].outputs[0] if len(tr.outputs[0].outputs) == 1 else None
-    if rs is None or rs.op != "Reshape":
-        raise Decline("attention output is not reshaped to [B, S, E]")
-    return Block(name_of(softmax), softmax, q, k, v, q_t, k_t, k_heads, mask, scale, rs)
+    out_reshape, merged = _output_side(pv.outputs[0])
+    block = Block(name_of(softmax), softmax, q, k, v, q_t, k_t, k_heads, mask, scale, out_reshape, pv.outputs[0],
+                  merged)
+    block.core = [_scores_matmul(softmax), softmax, pv]
+    return block
+
+
+def _scores_matmul(softmax: gs.Node) -> gs.Node:
+    """The Q K^T MatMul under softmax's input, as `split_scores` found it (scale and mask Add peeled off)."""
+    add = producer(softmax.inputs[0], "Add")
+    for t in add.inputs if add is not None else softmax.inputs[:1]:
+        mm = producer(_strip_scale(t)[0], "MatMul")
+        if mm is not None:
+            return mm
+    raise Decline("softmax input is not Q K^T")
+
+
+def _data_user(t: gs.Tensor) -> gs.Node | None:
+    """The one node that reads t's values, else None. Shape nodes read only its shape and are not counted: the
+    TorchScript exporter computes the next Reshape's target from them (whether they are used anywhere else is
+    checked for the whole block, see `_stays_alive`)."""
+    users = [u for u in t.outputs if u.op != "Shape"]
+    return users[0] if len(users) == 1 and users[0].inputs[0] is t else None
+
+
+def _output_side(pv_out: gs.Tensor) -> tuple[gs.Node, gs.Tensor | None]:
+    """From P V [B, H, S, D] to the Reshape whose output is the attention output in [B, S, E] order.
+
+    Returns (that Reshape, None) for the usual Transpose(0,2,1,3) + Reshape, and (that Reshape, its output) for any
+    other short Reshape/Transpose chain, whose output the probe must show to be P V with its heads merged
+    (TorchScript's SDPA writes Reshape(P V) back to [B, H, S, D] first)."""
+    tr = _data_user(pv_out)
+    if tr is not None and tr.op == "Transpose" and list(tr.attrs.get("perm", [])) == [0, 2, 1, 3]:
+        rs = _data_user(tr.outputs[0])
+        if rs is None or rs.op != "Reshape":
+            raise Decline("attention output is not reshaped to [B, S, E]")
+        return rs, None
+    # Up to the first Reshape after a Transpose: where the heads are merged, if anywhere.
+    cur, transposed = pv_out, False
+    for _ in range(4):
+        node = _data_user(cur)
+        if node is None or node.op not in ("Reshape", "Transpose"):
+            break
+        if node.op == "Reshape" and transposed:
+            return node, node.outputs[0]
+        transposed |= node.op == "Transpose"
+        cur = node.outputs[0]
+    raise Decline("P V is not transposed back to [B, S, H, D]")
+
+
+def _inside(block: Block) -> set[int]:
+    """Ids of the block's nodes from Q K^T to P V's merge: those downstream of its core and upstream of the output
+    Reshape's data input (the core included)."""
+    down: set[int] = set()
+    stack = list(block.core)
+    while stack:
+        node = stack.pop()
+        if id(node) in down or node is block.out_reshape:
+            continue
+        down.add(id(node))
+        stack.extend(c for t in node.outputs for c in t.outputs)
+    up: set[int] = set()
+    tensors = [block.out_reshape.inputs[0]]
+    while tensors:
+        node = producer(tensors.pop())
+        if node is None or id(node) in up or id(node) not in down:
+            continue
+        up.add(id(node))
+        tensors.extend(node.inputs)
+    return up | {id(c) for c in block.core}
+
+
+def _stays_alive(graph: gs.Graph, block: Block, with_shape: bool = True) -> str | None:
+    """Why the unfused block would still be computed once its output Reshape reads Attention's output (and, if
+    not with_shape, a constant target shape), or None: the tensor inside it (a Shape of one, typically) that a
+    graph output or a node outside it still reads, as "intermediate T is also a graph output / used by N"."""
+    inside = _inside(block)
+    seen: set[int] = set()
+    stack: list[tuple[Any, str | None]] = [(t, None) for t in graph.outputs]
+    while stack:
+        t, reader = stack.pop()
+        node = producer(t)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in inside:
+            return f"intermediate {t.name} is also " + ("a graph output" if reader is None else f"used by {reader}")
+        if node is block.out_reshape:
+            stack.extend((i, name_of(node)) for i in (node.inputs[1:] if with_shape else []))
+        else:
+            stack.extend((i, name_of(node)) for i in node.inputs)
+    return None
 
 
 def find_blocks(graph: gs.Graph, report: RuleReport) -> list[Block]:
     blocks = []
     for node in [n for n in graph.nodes if n.op == "Softmax"]:
         try:
-            blocks.append(_match(node))
+            block = _match(node)
+            if _stays_alive(graph, block):
+                if (why := _stays_alive(graph, block, with_shape=False)) is not None:
+                    raise Decline(why)
+                block.own_shape = True
+            blocks.append(block)
         except Decline as e:
             report.misses.append(f"attention at {name_of(node)}: {e}")
     return blocks
@@ -232,6 +353,9 @@ def probe_outputs(blocks: list[Block]) -> list[str]:
             names.append(b.mask.name)
         if b.k_heads is not None:
             names += [b.k_heads.name, b.k_t.name]
+        if b.merged is not None:
+            names += [b.pv.name, b.merged.name]
+        names.append(b.out_reshape.outputs[0].name)
     return sorted(set(names))
 
 
@@ -272,8 +396,40 @@ def validate(block: Block, values: dict[str, np.ndarray], pad: np.ndarray | None
         values[block.k_t.name], np.swapaxes(values[block.k_heads.name], -1, -2), atol=1e-5
     ):
         raise Decline("the K path is not K^T")
+    if block.merged is not None:
+        pv, merged = values[block.pv.name], values[block.merged.name]
+        want = np.swapaxes(pv, 1, 2)  # [B, S, H, D]: the order Attention writes its [B, S, E] output in
+        if merged.size != want.size or not np.array_equal(merged.reshape(-1), want.reshape(-1)):
+            raise Decline(
+                "the Reshape/Transpose chain after P V does not merge the heads to [B, S, E] (a Reshape in it is "
+                "not the identity on the probe)"
+            )
+    # A constant target for the output Reshape where one reads the same: the graph's own target is often computed
+    # per block from the input's shape (Shape, Gather, Unsqueeze, Concat: TorchScript's form), and must be when it
+    # is computed from a tensor inside the block.
+    out = values.get(block.out_reshape.outputs[0].name)
+    try:
+        block.out_shape = _target_shape(block, out.shape, q.shape) if out is not None else None
+    except Decline:
+        if block.own_shape:
+            raise
+    if block.own_shape and block.out_shape is None:
+        raise Decline("the output Reshape's shape is computed inside the block and has no probe value")
     if block.mask is not None:
         block.mask_kind = classify_mask(values[block.mask.name], pad, seq)
+
+
+def _target_shape(block: Block, out: tuple[int, ...], q: tuple[int, ...]) -> list[int]:
+    """A constant target for the output Reshape that gives, from Attention's [B, S, E], the shape the probe shows
+    it giving now: [0, 0, E] when that is [B, S, E] itself (the Reshape is then dropped, so its allowzero does not
+    matter), or [-1, E] for [B*S, E] (GPT-2 flattens for its Gemm)."""
+    batch, seq, width = q[0], q[2], q[1] * q[3]
+    if tuple(out) == (batch, seq, width):
+        return [0, 0, width]
+    if tuple(out) == (batch * seq, width):
+        return [-1, width]
+    raise Decline(f"the output Reshape's shape is computed inside the block and its result {tuple(out)} is neither "
+                  "[B, S, E] nor [B*S, E]")
 
 
 def rewrite(graph: gs.Graph, block: Block, mask_index: gs.Tensor | None) -> None:
@@ -287,13 +443,20 @@ def rewrite(graph: gs.Graph, block: Block, mask_index: gs.Tensor | None) -> None
     if "padding" in block.mask_kind:
         assert mask_index is not None
         inputs.append(mask_index)
-    # The final Reshape stays, now fed by Attention's [B, S, E]: same element order as [B, S, H, D], and it
-    # keeps whatever shape the next op wanted (GPT-2 flattens to [B*S, E] for its Gemm).
+    attrs = {"num_heads": block.heads, "scale": float(block.scale), "unidirectional": int("causal" in block.mask_kind)}
+    if block.out_shape is not None and block.out_shape[:2] == [0, 0]:  # the Reshape would give [B, S, E] as it is
+        out = block.out_reshape.outputs[0]
+        block.out_reshape.outputs.clear()
+        graph.nodes.append(gs.Node("Attention", f"{block.name}_Attention", attrs, inputs, [out], domain=MS))
+        return
+    # Otherwise the final Reshape stays, now fed by Attention's [B, S, E]: same element order as [B, S, H, D], and
+    # it keeps whatever shape the next op wanted (GPT-2 flattens to [B*S, E] for its Gemm).
     out = variable(graph, f"{block.name}_attention_out")
     shape = block.out_reshape.inputs[1]
+    if block.out_shape is not None:
+        shape = const_tensor(graph, f"{block.name}_out_shape", np.array(block.out_shape, np.int64))
     block.out_reshape.inputs.clear()
     block.out_reshape.inputs.extend([out, shape])
-    attrs = {"num_heads": block.heads, "scale": float(block.scale), "unidirectional": int("causal" in block.mask_kind)}
     graph.nodes.append(gs.Node("Attention", f"{block.name}_Attention", attrs, inputs, [out], domain=MS))
 
 

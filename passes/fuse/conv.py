@@ -10,75 +10,119 @@ in the same kernel: activation(W * x + b + Z). CPU only: TensorRT and the CUDA E
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from passes.fuse.context import RuleContext
 from passes.fuse.graph import MS, const, const_tensor, name_of
+from passes.fuse.match import Decline, Match, Steps, commuted, consumer, detach, fuse_each, sole_consumer
 from passes.fuse.rule import RuleReport
 
 
-def _only_consumer(t: gs.Tensor, op: str) -> gs.Node | None:
-    return t.outputs[0] if len(t.outputs) == 1 and t.outputs[0].op == op else None
+@dataclass
+class ConvBnMatch(Match):
+    conv: gs.Node
+    bn: gs.Node
+
+
+def match_conv_bn(graph: gs.Graph, ctx: RuleContext, conv: gs.Node) -> ConvBnMatch | None:
+    """BatchNormalization of a Conv's output, with constant weights and statistics; None where no BN reads it."""
+    bn = consumer(conv.outputs[0], "BatchNormalization")
+    if bn is None or bn.inputs[0] is not conv.outputs[0]:
+        return None
+    params = [const(t) for t in bn.inputs[1:5]]
+    if (
+        const(conv.inputs[1]) is None
+        or any(p is None for p in params)
+        or (len(conv.inputs) > 2 and const(conv.inputs[2]) is None)
+    ):
+        raise Decline("weights or BN statistics are not constant")
+    return ConvBnMatch([conv, bn], [bn.outputs[0]], conv, bn)
+
+
+def rewrite_conv_bn(graph: gs.Graph, ctx: RuleContext, m: ConvBnMatch) -> None:
+    """The Conv, with the folded weights and bias, produces the BN's output in place of it."""
+    conv, bn = m.conv, m.bn
+    w = const(conv.inputs[1])
+    assert w is not None
+    gamma, beta, mean, var = (np.asarray(const(t), np.float64) for t in bn.inputs[1:5])
+    b = np.asarray(const(conv.inputs[2]), np.float64) if len(conv.inputs) > 2 else np.zeros(w.shape[0])
+    s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+    new_w = (w.astype(np.float64) * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+    new_b = (s * (b - mean) + beta).astype(w.dtype)
+    x = conv.inputs[0]
+    detach(*m.outputs)
+    conv.inputs.clear()
+    conv.inputs.extend(
+        [
+            x,
+            const_tensor(graph, f"{name_of(conv)}_w_bn", new_w),
+            const_tensor(graph, f"{name_of(conv)}_b_bn", new_b),
+        ]
+    )
+    conv.outputs.clear()
+    conv.outputs.extend(m.outputs)
+
+
+CONV_BN = Steps("conv-bn", match_conv_bn, rewrite_conv_bn)
 
 
 def fold_conv_bn(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
-    report = RuleReport()
-    for conv in [n for n in graph.nodes if n.op == "Conv"]:
-        bn = _only_consumer(conv.outputs[0], "BatchNormalization")
-        if bn is None:
-            continue
-        w = const(conv.inputs[1])
-        params = [const(t) for t in bn.inputs[1:5]]
-        if w is None or any(p is None for p in params) or (len(conv.inputs) > 2 and const(conv.inputs[2]) is None):
-            report.misses.append(f"conv-bn at {name_of(conv)}: weights or BN statistics are not constant")
-            continue
-        gamma, beta, mean, var = (np.asarray(p, np.float64) for p in params)  # type: ignore[arg-type]
-        b = np.asarray(const(conv.inputs[2]), np.float64) if len(conv.inputs) > 2 else np.zeros(w.shape[0])
-        s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-        new_w = (w.astype(np.float64) * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-        new_b = (s * (b - mean) + beta).astype(w.dtype)
-        out, x = bn.outputs[0], conv.inputs[0]
-        bn.outputs.clear()
-        bn.inputs.clear()
-        conv.inputs.clear()
-        conv.inputs.extend(
-            [
-                x,
-                const_tensor(graph, f"{name_of(conv)}_w_bn", new_w),
-                const_tensor(graph, f"{name_of(conv)}_b_bn", new_b),
-            ]
+    return fuse_each(graph, ctx, [n for n in graph.nodes if n.op == "Conv"], CONV_BN)
+
+
+@dataclass
+class ConvActivationMatch(Match):
+    conv: gs.Node
+    z: gs.Tensor | None  # the tensor added to the Conv's output
+    relu: bool
+
+
+def match_conv_activation(graph: gs.Graph, ctx: RuleContext, conv: gs.Node) -> ConvActivationMatch | None:
+    """Conv + Z (a same-shape non-constant tensor), then optionally Relu; or Conv + Relu. None where the Conv's
+    output goes into neither. The Relu after the Add is taken only where nothing else reads the sum."""
+    y = conv.outputs[0]
+    nodes, out, z = [conv], y, None
+    add = consumer(y, "Add")
+    pair = None
+    if add is not None:
+        pair = commuted(
+            add.inputs, lambda a, b: a is y and b is not y and const(b) is None and ctx.shape(b) == ctx.shape(y)
         )
-        conv.outputs.clear()
-        conv.outputs.append(out)
-        report.fused += 1
-    return report
+    if pair is not None:
+        z, out = pair[1], add.outputs[0]  # type: ignore[union-attr]
+        nodes.append(add)  # type: ignore[arg-type]
+        relu = sole_consumer(graph, out, "Relu")
+    else:
+        relu = consumer(y, "Relu")
+    if relu is None and z is None:
+        return None
+    if relu is not None:
+        nodes.append(relu)
+        out = relu.outputs[0]
+    return ConvActivationMatch(nodes, [out], conv, z, relu is not None)
+
+
+def rewrite_conv_activation(graph: gs.Graph, ctx: RuleContext, m: ConvActivationMatch) -> None:
+    conv = m.conv
+    attrs = dict(conv.attrs)
+    if m.relu:
+        attrs["activation"] = "Relu"
+    inputs = list(conv.inputs)
+    if m.z is not None:
+        if len(inputs) == 2:
+            w = const(inputs[1])
+            assert w is not None
+            inputs.append(const_tensor(graph, f"{name_of(conv)}_zero_bias", np.zeros(w.shape[0], w.dtype)))
+        inputs.append(m.z)
+    detach(*m.outputs)
+    graph.nodes.append(gs.Node("FusedConv", f"{name_of(conv)}_Fused", attrs, inputs, m.outputs, domain=MS))
+
+
+CONV_ACTIVATION = Steps("conv-activation", match_conv_activation, rewrite_conv_activation)
 
 
 def fuse_conv_activation(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
-    report = RuleReport()
-    for conv in [n for n in graph.nodes if n.op == "Conv" and n.domain in ("", None)]:
-        out, z = conv.outputs[0], None
-        add = _only_consumer(out, "Add")
-        if add is not None:
-            other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
-            if const(other) is None and ctx.shape(other) == ctx.shape(out):
-                z, out = other, add.outputs[0]
-        relu = _only_consumer(out, "Relu")
-        if relu is None and z is None:
-            continue
-        final = relu.outputs[0] if relu is not None else out
-        attrs = dict(conv.attrs)
-        if relu is not None:
-            attrs["activation"] = "Relu"
-        inputs = list(conv.inputs)
-        if z is not None:
-            if len(inputs) == 2:
-                w = const(inputs[1])
-                inputs.append(const_tensor(graph, f"{name_of(conv)}_zero_bias", np.zeros(w.shape[0], w.dtype)))
-            inputs.append(z)
-        (relu or add).outputs.clear()
-        conv.outputs.clear()
-        graph.nodes.append(gs.Node("FusedConv", f"{name_of(conv)}_Fused", attrs, inputs, [final], domain=MS))
-        report.fused += 1
-    return report
+    return fuse_each(graph, ctx, [n for n in graph.nodes if n.op == "Conv" and n.domain in ("", None)], CONV_ACTIVATION)

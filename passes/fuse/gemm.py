@@ -8,28 +8,47 @@ reshaping to 2-D and back would cost more than it saves.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import onnx_graphsurgeon as gs
 
 from passes.fuse.context import RuleContext
-from passes.fuse.graph import const, name_of, producer
+from passes.fuse.graph import const, name_of, other_input
+from passes.fuse.match import Decline, Match, Steps, consumer, detach, fuse_each
 from passes.fuse.rule import RuleReport
 
 
+@dataclass
+class GemmMatch(Match):
+    mm: gs.Node
+    bias: gs.Tensor
+
+
+def match_gemm(graph: gs.Graph, ctx: RuleContext, mm: gs.Node) -> GemmMatch | None:
+    """MatMul(A, W) + bias, W and bias constant; None where the MatMul's output goes into no such Add."""
+    add = consumer(mm.outputs[0], "Add")
+    bias = other_input(add, mm.outputs[0]) if add is not None else None
+    if add is None or const(bias) is None or const(mm.inputs[1]) is None:
+        return None
+    return GemmMatch([mm, add], [add.outputs[0]], mm, bias)  # type: ignore[arg-type]
+
+
+def check_gemm(graph: gs.Graph, ctx: RuleContext, m: GemmMatch) -> None:
+    shape = ctx.shape(m.mm.inputs[0])
+    if shape is None:  # an untyped intermediate the probe could not run: not a 0-D input
+        raise Decline("input shape unknown (no probe value)")
+    if len(shape) != 2 or const(m.mm.inputs[1]).ndim != 2 or const(m.bias).ndim > 1:  # type: ignore[union-attr]
+        raise Decline(f"input is {len(shape or ())}-D, Gemm pays only for 2-D")
+
+
+def rewrite_gemm(graph: gs.Graph, ctx: RuleContext, m: GemmMatch) -> None:
+    detach(*m.outputs)
+    inputs = [m.mm.inputs[0], m.mm.inputs[1], m.bias]
+    graph.nodes.append(gs.Node("Gemm", f"{name_of(m.mm)}_Gemm", {}, inputs, m.outputs))
+
+
+GEMM = Steps("gemm", match_gemm, rewrite_gemm, check_gemm)
+
+
 def fuse_gemm(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
-    report = RuleReport()
-    for add in [n for n in graph.nodes if n.op == "Add"]:
-        for mm_out, bias in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
-            mm = producer(mm_out, "MatMul")
-            b, w = const(bias), const(mm.inputs[1]) if mm is not None else None
-            if mm is None or b is None or w is None or len(mm_out.outputs) != 1:
-                continue
-            shape = ctx.shape(mm.inputs[0])
-            if shape is None or len(shape) != 2 or w.ndim != 2 or b.ndim > 1:
-                report.misses.append(f"gemm at {name_of(mm)}: input is {len(shape or ())}-D, Gemm pays only for 2-D")
-                break
-            out = add.outputs[0]
-            add.outputs.clear()
-            graph.nodes.append(gs.Node("Gemm", f"{name_of(mm)}_Gemm", {}, [mm.inputs[0], mm.inputs[1], bias], [out]))
-            report.fused += 1
-            break
-    return report
+    return fuse_each(graph, ctx, [n for n in graph.nodes if n.op == "MatMul"], GEMM)

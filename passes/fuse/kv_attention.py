@@ -19,7 +19,8 @@ key_padding_mask), or when there is no M at all (not causal). What M computes fr
 what a causal LM's cache graph builds) is then checked end to end: the pass runs the fused pair against its input
 on the recipe's prompt and on a left-padded batch (passes/fuse/generation.py) before it keeps it, so a bias the
 rewrite would drop (ALiBi, a sliding window shorter than the prompt) fails the stage. Cross-attention, grouped KV
-heads, rotated keys and anything else that does not match are left as they are, with the reason per layer.
+heads, rotated keys and anything else that does not match are left as they are, with the reason per layer; so is
+a layer one of whose intermediates is also read outside it (attention probabilities returned as an output, say).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from optimizer.runtime.generation import cache_names
-from passes.fuse.attention import Decline, mask_index_for, split_scores
+from passes.fuse.attention import Decline as AttentionDecline
+from passes.fuse.attention import mask_index_for, split_scores
 from passes.fuse.context import RuleContext
 from passes.fuse.graph import MS, const, name_of, producer, variable
+from passes.fuse.match import Decline, Match, Steps, between, fuse_each
 from passes.fuse.rule import RuleReport
 
 PRESENT = re.compile(r"present\.(\d+)\.key")
@@ -165,8 +168,8 @@ def match_layer(graph: gs.Graph, layer: int, padded: bool) -> tuple[CacheBlock, 
         back = out.outputs[0] if len(out.outputs) == 1 else None
     if back is None or back.op != "Transpose" or list(back.attrs.get("perm", [])) != [0, 2, 1, 3]:
         raise Decline("P V is not transposed back to [B, S, H, D]")
-    users = list(back.outputs[0].outputs)
-    if not users or any(u.op != "Reshape" for u in users):
+    users = [u for u in back.outputs[0].outputs if u.op == "Reshape"]  # other readers: the escape check's
+    if not users:
         raise Decline("attention output is not reshaped to [B, S, E]")
     block = CacheBlock(
         layer, q, k, v, past_k, past_v, pk, pv, _heads(pk, q_reshape), scale, users
@@ -203,26 +206,47 @@ def rewrite(graph: gs.Graph, block: CacheBlock, producers: list[gs.Node], mask: 
     graph.nodes.append(node)
 
 
+@dataclass
+class KvMatch(Match):
+    block: CacheBlock
+    producers: list[gs.Node]
+
+
+def match_kv(graph: gs.Graph, layer: int, padded: bool) -> KvMatch:
+    """The layer's attention (`match_layer`) with the nodes it is made of: those computing the cache outputs and
+    the [B, S, E] Reshapes of the attention output from Q, K, V and the past cache; the Reshapes stay (rewired)."""
+    try:
+        block, producers = match_layer(graph, layer, padded)
+    except (AttentionDecline, KeyError) as e:  # split_scores raises attention.py's own Decline
+        raise Decline(str(e)) from e
+    inputs = [block.q, block.k, block.v, *(t for t in (block.past_key, block.past_value) if t is not None)]
+    outputs = [block.present_key, block.present_value, *(rs.outputs[0] for rs in block.out_reshapes)]
+    return KvMatch(between(inputs, outputs), outputs, block, producers)
+
+
 def fuse_kv_attention(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
     layers = sorted(int(m.group(1)) for t in graph.outputs if (m := PRESENT.fullmatch(t.name)))
     if not layers:
         report.misses.append("no present.{i}.key outputs: no KV cache named as export writes it")
     attention_mask = next((t for t in graph.inputs if t.name == "attention_mask" and len(t.shape or []) == 2), None)
-    mask: gs.Tensor | None = None  # its int32 copy, MultiHeadAttention's key_padding_mask over past + new keys
-    for layer in layers:
-        try:
-            block, producers = match_layer(graph, layer, attention_mask is not None)
-        except (Decline, KeyError) as e:
-            report.misses.append(f"kv attention of layer {layer}: {e}")
-            continue
-        if mask is None and attention_mask is not None:
-            mask = mask_index_for(graph, attention_mask)
-        rewrite(graph, block, producers, mask)
-        report.fused += 1
-        cache = "past + new keys" if block.past_key is not None else "new keys (prefill)"
-        report.details.append(
-            f"layer {layer}: {block.heads} heads, scale {block.scale:.4g}, cache {cache}, "
-            f"causal{' + padding' if mask is not None else ''} (replaced {name_of(producers[0])})"
+    masks: list[gs.Tensor] = []  # its int32 copy, MultiHeadAttention's key_padding_mask over past + new keys
+
+    def fuse(graph: gs.Graph, ctx: RuleContext, m: KvMatch) -> str:
+        if not masks and attention_mask is not None:
+            masks.append(mask_index_for(graph, attention_mask))
+        mask = masks[0] if masks else None
+        rewrite(graph, m.block, m.producers, mask)
+        cache = "past + new keys" if m.block.past_key is not None else "new keys (prefill)"
+        return (
+            f"layer {m.block.layer}: {m.block.heads} heads, scale {m.block.scale:.4g}, cache {cache}, "
+            f"causal{' + padding' if mask is not None else ''} (replaced {name_of(m.producers[0])})"
         )
-    return report
+
+    steps: Steps[int, KvMatch] = Steps(
+        "kv attention",
+        lambda graph, ctx, layer: match_kv(graph, layer, attention_mask is not None),
+        fuse,
+        place=lambda layer: f"kv attention of layer {layer}",
+    )
+    return fuse_each(graph, ctx, layers, steps, report)

@@ -62,6 +62,7 @@ def probe_values(graph: gs.Graph, feed: dict[str, np.ndarray]) -> dict[str, np.n
     from optimizer.runtime.sessions import ort_session
 
     g = graph.copy()
+    infer_dtypes(g)
     extra = [
         t
         for t in g.tensors().values()
@@ -82,6 +83,40 @@ def probe_values(graph: gs.Graph, feed: dict[str, np.ndarray]) -> dict[str, np.n
         session = ort_session(source, {"graph_optimization_level": "disable_all"}, 0)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, {i.name: feed[i.name] for i in session.get_inputs()}), strict=True))
+
+
+def infer_dtypes(graph: gs.Graph) -> None:
+    """Give untyped intermediate tensors the element type ONNX type inference finds for them, in place.
+
+    Exporters differ in what they record: dynamo writes a value_info for every tensor, the TorchScript exporter
+    (and Optimum, which uses it) none at all. A tensor without a dtype cannot be a probe output, so without this
+    every rule that reads a probe value declines on such graphs. Inference runs on a copy whose large weights are
+    typed inputs instead (no weight bytes copied, no 2 GB message limit); where it fails (an op it does not know)
+    the graph is left as it was."""
+    untyped = [t for t in graph.tensors().values() if isinstance(t, gs.Variable) and t.dtype is None and t.inputs]
+    if not untyped:
+        return
+    light = graph.copy()
+    for t in list(light.tensors().values()):
+        if isinstance(t, gs.Constant) and int(np.prod(t.shape)) > 1024:
+            weight = gs.Variable(t.name, dtype=t.dtype, shape=list(t.shape))
+            for node in list(t.outputs):
+                for i, x in enumerate(node.inputs):
+                    if x is t:
+                        node.inputs[i] = weight
+            light.inputs.append(weight)
+    try:
+        model = onnx.shape_inference.infer_shapes(gs.export_onnx(light, do_type_check=False))
+    except Exception:
+        return
+    known = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in [*model.graph.value_info, *model.graph.output]
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type
+    }
+    for t in untyped:
+        if t.name in known:
+            t.dtype = onnx.helper.tensor_dtype_to_np_dtype(known[t.name])
 
 
 def _add_contrib_opset(model: Any) -> None:

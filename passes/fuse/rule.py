@@ -3,7 +3,8 @@
 Each rule declares its name, the targets its fused ops run on, the op types it emits, and where its rewrite
 lives; `apply` runs the rewrite and returns a `RuleReport`. The declarations import no graph library, so loading
 a recipe (which validates `fuse`'s config against `RULE_NAMES`) stays fast; a rewrite is imported when it first
-runs, the way the pass registry imports passes.
+runs, the way the pass registry imports passes. Rewrites are match -> check -> rewrite steps run by one driver
+(passes/fuse/match.py), which also declines a match whose intermediates escape it.
 """
 
 from __future__ import annotations
