@@ -3,10 +3,11 @@
 Any ONNX stage is converted (`openvino.convert_model`, saved as model.xml + model.bin, weights kept at full
 precision) and its compile properties are the stage's runtime options (runtime.ov_engine): inference precision
 (f32, bf16, or the device's default, which is bf16 on CPUs with bf16 instructions), performance hint, streams,
-and OpenVINO's own denormal flushing; threads are the target's. Given an OpenVINO stage, only the options change
-(a `{type: openvino, name: ov_f32, from: openvino, config: {precision: f32}}` stage times one precision against
-another). The stage records what ran, read back from the compiled model: the precision hint it settled on and its
-executed layers per runtime precision, so a bf16 request on a CPU without bf16 says it ran f32.
+OpenVINO's own denormal flushing and static shapes (a compile per input shape); threads are the target's. Given
+an OpenVINO stage, only the options its config names change (a `{type: openvino, name: ov_f32, from: openvino,
+config: {precision: f32}}` stage times one precision against another). The stage records what ran, read back
+from the compiled model: the precision hint it settled on and its executed layers per runtime precision, so a
+bf16 request on a CPU without bf16 says it ran f32.
 """
 
 from __future__ import annotations
@@ -25,16 +26,23 @@ IR_WEIGHTS = "model.bin"
 
 
 class OpenVinoConfig(PassConfig):
-    precision: Literal["default", "f32", "bf16"] = Field(
-        default="default",
+    precision: Literal["default", "f32", "bf16"] | None = Field(
+        default=None,
         description="OpenVINO's inference precision hint: default (the device's choice: bf16 where the CPU has bf16 "
-        "instructions, else f32), f32, or bf16 (a CPU without bf16 runs f32, and the stage says so)",
+        "instructions, else f32), f32, or bf16 (a CPU without bf16 runs f32, and the stage says so); none: as the "
+        "input stage (default if it is not OpenVINO)",
     )
-    performance_hint: Literal["latency", "throughput"] = "latency"
+    performance_hint: Literal["latency", "throughput"] | None = Field(
+        default=None, description="PERFORMANCE_HINT; none: as the input stage (latency if it is not OpenVINO)")
     streams: int | None = Field(default=None, ge=1, le=1024, description="NUM_STREAMS; none: as the hint chooses")
     denormals: bool | None = Field(
         default=None,
         description="OpenVINO's CPU_DENORMALS_OPTIMIZATION (flush denormal floats to zero); none: OpenVINO's default",
+    )
+    static_shapes: bool | None = Field(
+        default=None,
+        description="compile the IR reshaped to each input shape it runs (up to 8 shapes; further shapes run the "
+        "dynamic-shape model), as a fixed-shape deployment does; none: as the input stage (dynamic if not OpenVINO)",
     )
 
 
@@ -97,18 +105,26 @@ class OpenVinoPass(Pass):
                if artifact.runtime.get("denormal_as_zero") and cfg.denormals is None else {}),
             "converted_from": artifact.kind,
             "compile_options": runtime,
-            "precision": precision_ran(compiled, cfg.precision, capabilities()),
+            "precision": precision_ran(compiled, runtime["ov_precision"], capabilities()),
             "ir_op_types": ir_op_types(ctx.stage_dir / "model.xml"),
         }
         return PassResult(out, modified=True, notes=notes)
 
 
 def ov_runtime(cfg: OpenVinoConfig, artifact: Artifact) -> dict[str, Any]:
-    """The runtime options of the stage: its own, on top of an OpenVINO parent's (ONNX Runtime's do not apply)."""
+    """The runtime options of the stage: the ones its config sets, on top of an OpenVINO parent's (ONNX Runtime's
+    do not apply), so a stage changes only what it names."""
     runtime: dict[str, Any] = dict(artifact.runtime) if artifact.kind == "openvino" else {}
-    runtime.update(ov_precision=cfg.precision, ov_hint=cfg.performance_hint)
+    runtime.setdefault("ov_precision", "default")
+    runtime.setdefault("ov_hint", "latency")
+    if cfg.precision is not None:
+        runtime["ov_precision"] = cfg.precision
+    if cfg.performance_hint is not None:
+        runtime["ov_hint"] = cfg.performance_hint
     if cfg.streams is not None:
         runtime["ov_streams"] = cfg.streams
     if cfg.denormals is not None:
         runtime["ov_denormals"] = cfg.denormals
+    if cfg.static_shapes is not None:
+        runtime["ov_static_shapes"] = cfg.static_shapes
     return runtime

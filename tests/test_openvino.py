@@ -256,3 +256,42 @@ def test_ignored_names_that_match_nothing_fail_the_stage_with_the_name(tmp_path:
     stage = records["nncf_int8"]
     assert stage.status == "failed" and "no_such_node" in (stage.reason or ""), stage.reason
     assert records["openvino"].status == "ran"  # what ran before it is kept
+
+
+@needs_openvino
+def test_static_shapes_compile_per_input_shape_and_change_only_that(tmp_path: Path) -> None:
+    """A `static_shapes` stage after an OpenVINO stage keeps its parent's precision and hint (it changes only what
+    it names), compiles the IR reshaped to each shape it is fed, with the same outputs, and says so; past
+    MAX_STATIC_SHAPES the dynamic model runs, and the bundle carries the option."""
+    import numpy as np
+
+    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.report.build import build_report
+    from optimizer.runtime.runners.ov_runner import MAX_STATIC_SHAPES, OvRunner
+
+    data = ov_recipe()
+    data["passes"] = data["passes"][:2] + [
+        {"type": "openvino", "name": "ov_static", "from": "ov_f32", "config": {"static_shapes": True}}]
+    recipe = load_recipe(write_recipe(tmp_path, data))
+    records = {r.name: r for r in Pipeline(recipe, tmp_path / "run").execute()}
+    static = records["ov_static"]
+    assert static.status == "ran", static.reason
+    assert static.artifact.runtime["ov_precision"] == "f32" and static.artifact.runtime["ov_static_shapes"] is True
+    assert static.notes["precision"]["asked"] == "f32"
+    assert static.metrics["runtime"]["static_shapes"].startswith("compiled per input shape")
+    with OvRunner(static.artifact, recipe).load() as session:
+        feeds = [{"x": np.random.default_rng(b).standard_normal((b, 16)).astype(np.float32)}
+                 for b in range(1, MAX_STATIC_SHAPES + 3)]
+        dynamic = OvRunner(records["ov_f32"].artifact, recipe)
+        with dynamic.load() as plain:
+            for feed in feeds:
+                got = session.to_numpy(session.run(session.prepare(feed)))[0]
+                want = plain.to_numpy(plain.run(plain.prepare(feed)))[0]
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        shapes = session.static_shapes()
+    assert len(shapes["static"]) == MAX_STATIC_SHAPES and shapes["static"][0] == [[1, 16]]
+    assert shapes["dynamic"] == [[[MAX_STATIC_SHAPES + 1, 16]], [[MAX_STATIC_SHAPES + 2, 16]]]
+    report = build_report(recipe, list(records.values()), tmp_path / "run", 1.0)
+    out = export_bundle(report, "ov_static", "openvino", tmp_path / "bundle")
+    assert json.loads((out / "manifest.json").read_text())["runtime"]["openvino"]["ov_static_shapes"] is True
+    assert verify_bundle(out) == []

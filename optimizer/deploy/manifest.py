@@ -96,6 +96,7 @@ class OvOptions(BaseModel):
     ov_hint: Literal["latency", "throughput"] = "latency"
     ov_streams: int | None = Field(default=None, ge=1, le=MAX_THREADS)
     ov_denormals: bool | None = None
+    ov_static_shapes: bool | None = None
     intra_op_threads: Threads | None = None
 
 

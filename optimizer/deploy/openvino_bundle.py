@@ -111,6 +111,9 @@ def triton_openvino_config(
     if runtime.get("ov_denormals") is not None:
         lines.append(f"# measured with CPU_DENORMALS_OPTIMIZATION {bool(runtime['ov_denormals'])}; this backend "
                      "documents no parameter for it")
+    if runtime.get("ov_static_shapes"):
+        lines.append("# measured with a static-shape compile per input shape; this backend compiles the model once, "
+                     "with the dims above")
     precision = runtime.get("ov_precision", "default")
     if precision == "bf16":
         lines.append(param("HINT_BF16", "YES"))
@@ -141,7 +144,8 @@ def _session(root: Path, manifest: dict[str, Any]) -> Any:
     if reason is not None:
         raise OptimizerError(f"{root}: {reason}")
     runtime, threads = runtime_of(manifest)
-    return OvSession(compile_model(root / manifest["model"], runtime, threads), runtime, threads)
+    return OvSession(compile_model(root / manifest["model"], runtime, threads), runtime, threads,
+                     model_path=root / manifest["model"])
 
 
 def verify_openvino(root: Path, manifest: dict[str, Any]) -> list[str]:

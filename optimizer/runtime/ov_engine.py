@@ -7,6 +7,7 @@ artifact (set by the `openvino` pass, so their effect is attributed to it):
   ov_hint: latency | throughput -- PERFORMANCE_HINT
   ov_streams: int | None -- NUM_STREAMS (None: as the hint chooses)
   ov_denormals: bool | None -- CPU_DENORMALS_OPTIMIZATION (None: OpenVINO's default)
+  ov_static_shapes: bool -- compile the IR reshaped to each input shape it is fed (runners.ov_runner)
 Threads come from the recipe's target (INFERENCE_NUM_THREADS). What precision ran is read back from the compiled
 model, never assumed: the hint it settled on and the runtime precision of every executed layer (a bf16 request
 on a CPU without bf16 runs f32, and INT8 layers run i8 whatever the hint).
@@ -95,12 +96,16 @@ def compile_config(runtime: dict[str, Any], threads: int, profile: bool = False)
     return config
 
 
-def compile_model(path: Path | str, runtime: dict[str, Any], threads: int, profile: bool = False) -> Any:
-    """The compiled model on the CPU; a load failure is one line naming the file."""
+def compile_model(model: Path | str | Any, runtime: dict[str, Any], threads: int, profile: bool = False) -> Any:
+    """The compiled model on the CPU, of an IR file or an openvino.Model (a reshaped one); a load failure is one
+    line naming the file or model."""
+    source = str(model) if isinstance(model, Path | str) else model
     try:
-        return core().compile_model(str(path), "CPU", compile_config(runtime, threads, profile))
+        return core().compile_model(source, "CPU", compile_config(runtime, threads, profile))
     except Exception as e:  # OpenVINO raises RuntimeError with a multi-line message
-        raise OptimizerError(f"{path}: OpenVINO cannot compile it: {error_line(e)}") from e
+        shapes = None if isinstance(model, Path | str) else [str(p.get_partial_shape()) for p in model.inputs]
+        name = model if shapes is None else f"the IR reshaped to {shapes}"
+        raise OptimizerError(f"{name}: OpenVINO cannot compile it: {error_line(e)}") from e
 
 
 def _any(value: Any) -> str:

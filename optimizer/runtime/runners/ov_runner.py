@@ -1,9 +1,15 @@
 """OpenVINO runner (CPU): an IR compiled with the artifact's runtime options (runtime.ov_engine), one infer
 request per session. `run` is one synchronous inference on inputs shared with OpenVINO (no copy in the timed call);
-outputs are copied out in `to_numpy`, untimed, as for the other runtimes."""
+outputs are copied out in `to_numpy`, untimed, as for the other runtimes.
+
+With `ov_static_shapes` the session also compiles the IR reshaped to each new input shape it is fed (untimed, in
+`prepare`), as a fixed-shape deployment does, up to MAX_STATIC_SHAPES shapes; feeds of further shapes run on the
+dynamic-shape model, and `static_shapes()` says which ran how."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,15 +18,33 @@ from optimizer.core.errors import OptimizerError
 from optimizer.runtime.runners.base import Runner, Session
 from optimizer.runtime.threads import target_threads
 
+MAX_STATIC_SHAPES = 8  # a fixed-shape deployment compiles a few shapes; beyond that the dynamic model runs
+
+
+@dataclass
+class OvFeed:
+    """A prepared feed: the infer request of the compiled model that runs it, and its inputs by port index."""
+
+    request: Any
+    inputs: dict[int, np.ndarray]
+
 
 class OvSession(Session):
-    def __init__(self, compiled: Any, runtime: dict[str, Any], threads: int) -> None:
+    def __init__(self, compiled: Any, runtime: dict[str, Any], threads: int, model_path: Path | str | None = None,
+                 profile: bool = False) -> None:
         self.compiled = compiled
         self.runtime = runtime
         self.threads = threads
         self.request = compiled.create_infer_request()
         self.input_names = [p.get_any_name() for p in compiled.inputs]
         self.output_names = [p.get_any_name() for p in compiled.outputs]
+        self.static = bool(runtime.get("ov_static_shapes"))
+        if self.static and model_path is None:
+            raise OptimizerError("ov_static_shapes: the session needs the IR's path to reshape it")
+        self.model_path = model_path
+        self.profile = profile
+        self._static_requests: dict[tuple[tuple[int, ...], ...], Any] = {}
+        self.dynamic_shapes: set[tuple[tuple[int, ...], ...]] = set()
 
     def feed_names(self, feed: dict[str, np.ndarray]) -> list[str]:
         """Per input port, the feed's name for it: a port may be named after a node fused into it (an FP16
@@ -31,14 +55,40 @@ class OvSession(Session):
             raise OptimizerError(f"inputs: the OpenVINO model needs {missing} but the recipe gives {sorted(feed)}")
         return names  # type: ignore[return-value]
 
-    def prepare(self, feed: dict[str, np.ndarray]) -> Any:
-        return {i: np.ascontiguousarray(feed[n]) for i, n in enumerate(self.feed_names(feed))}
+    def prepare(self, feed: dict[str, np.ndarray]) -> OvFeed:
+        inputs = {i: np.ascontiguousarray(feed[n]) for i, n in enumerate(self.feed_names(feed))}
+        return OvFeed(self._request_for(inputs), inputs)
 
-    def run(self, prepared: Any) -> Any:
-        return self.request.infer(prepared, share_inputs=True, share_outputs=True)
+    def _request_for(self, inputs: dict[int, np.ndarray]) -> Any:
+        """The infer request for these inputs' shapes: a static-shape compile of the IR when the session has
+        `ov_static_shapes` and room for another shape, else the dynamic-shape model's."""
+        if not self.static:
+            return self.request
+        key = tuple(tuple(int(d) for d in inputs[i].shape) for i in range(len(inputs)))
+        if key in self._static_requests:
+            return self._static_requests[key]
+        if len(self._static_requests) >= MAX_STATIC_SHAPES:
+            self.dynamic_shapes.add(key)
+            return self.request
+        from optimizer.runtime.ov_engine import compile_model, core
+
+        model = core().read_model(str(self.model_path))
+        model.reshape({port: list(shape) for port, shape in zip(model.inputs, key, strict=True)})
+        compiled = compile_model(model, self.runtime, self.threads, self.profile)
+        self._static_requests[key] = compiled.create_infer_request()
+        return self._static_requests[key]
+
+    def static_shapes(self) -> dict[str, Any]:
+        """The input shapes that ran on a static-shape compile, and those that ran on the dynamic model."""
+        return {"static": [list(map(list, k)) for k in self._static_requests],
+                "dynamic": [list(map(list, k)) for k in sorted(self.dynamic_shapes)]}
+
+    def run(self, prepared: OvFeed) -> Any:
+        return prepared.request.infer(prepared.inputs, share_inputs=True, share_outputs=True)
 
     def to_numpy(self, outputs: Any) -> list[np.ndarray]:
-        return [np.array(outputs[port]) for port in self.compiled.outputs]
+        # by index: a static-shape compile has ports of its own, in the IR's order
+        return [np.array(outputs[i]) for i in range(len(self.compiled.outputs))]
 
     def describe(self) -> dict[str, Any]:
         from optimizer.runtime.ov_engine import capabilities, openvino_module, precision_ran
@@ -54,6 +104,7 @@ class OvSession(Session):
             "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")),
             "streams": int(self.compiled.get_property("NUM_STREAMS")),
             "threads": int(self.compiled.get_property("INFERENCE_NUM_THREADS")),
+            **({"static_shapes": f"compiled per input shape, up to {MAX_STATIC_SHAPES} shapes"} if self.static else {}),
         }
 
 
@@ -68,7 +119,7 @@ class OvRunner(Runner):
             raise OptimizerError(f"{self.artifact.path}: OpenVINO stages run on the CPU here (target.device: cpu)")
         threads = target_threads(self.recipe)
         return OvSession(compile_model(self.artifact.path, self.artifact.runtime, threads), self.artifact.runtime,
-                         threads)
+                         threads, model_path=self.artifact.path)
 
 
 def ov_profile(artifact: Any, recipe: Any, feeds: list[dict[str, np.ndarray]], runs: int = 10) -> list[Any]:
@@ -79,11 +130,11 @@ def ov_profile(artifact: Any, recipe: Any, feeds: list[dict[str, np.ndarray]], r
     from optimizer.runtime.runners.ort_runner import RunProfile
 
     compiled = compile_model(artifact.path, artifact.runtime, target_threads(recipe), profile=True)
-    session = OvSession(compiled, artifact.runtime, target_threads(recipe))
-    request = session.request
+    session = OvSession(compiled, artifact.runtime, target_threads(recipe), model_path=artifact.path, profile=True)
     out = []
     for feed in feeds:
-        inputs = session.prepare(feed)
+        prepared = session.prepare(feed)
+        request, inputs = prepared.request, prepared.inputs
         request.infer(inputs)
         per_run, executed = [], []
         for _ in range(runs):
