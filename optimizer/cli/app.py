@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     Errors become one line and an exit code: 2 for ours (OptimizerError: a bad recipe, a missing file), 1 for the
     unexpected, 130 for an interrupt; with --debug both kinds raise with their traceback.
     """
+    from optimizer.core.quiet import silence_libraries
+
+    silence_libraries()  # the libraries' progress lines are not ours to print (their errors still are)
     opts = CliOptions()  # the root callback fills it; created here so that the handlers below see --debug
     try:
         rc = app(args=argv, standalone_mode=False, obj=opts)

@@ -218,7 +218,7 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
             write_errors: list[str], interrupted: bool, mlflow_uri: str | None = None) -> None:
     """The driver's part of a compile: the report built and saved, the history recorded, the tables shown, and
     the exit code (typer.Exit through fail) for failures."""
-    from optimizer.cli.show import show_report
+    from optimizer.cli.show import show_report, source_failure
     from optimizer.report.build import build_report, save_report
     from optimizer.report.history import record
 
@@ -235,8 +235,12 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
             report.history_id = record(report, opts.history)
         except OptimizerError as e:
             history_error = str(e)
-    if report:
+    # Stage 0 failed: nothing else ran, and the run is the one error line below, not tables of "not run".
+    failure = source_failure(report) if report else None
+    if report and failure is None:
         show_report(report, run_dir, opts)
+    elif failure is not None and opts.debug and (trace := records[0].notes.get("traceback")):
+        opts.err.print(f"{records[0].name}:\n{trace}", highlight=False)
     mlflow_error: str | None = None
     if report and mlflow_uri:  # after the tables: a slow store delays nothing the user needs
         from optimizer.report.mlflow_log import log_run
@@ -255,10 +259,11 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
     if interrupted:
         fail(opts, "interrupted; finished stages are kept and a re-run resumes from them", 130)
     if save_error:
-        fail(opts, save_error, 1)
-    source = report.stages[0] if report else None
-    if source and source.status == "failed" and source.notes.get("error_kind") == "input":
-        fail(opts, f"{recipe}: {source.reason}", 2)
+        fail(opts, f"{recipe}: {failure}; and {save_error}" if failure else save_error, 1)
+    if report and failure:
+        if report.stages[0].notes.get("error_kind") == "input":  # a usage error: the file and field, as validate
+            fail(opts, f"{recipe}: {report.stages[0].reason}", 2)
+        fail(opts, f"{recipe}: {failure} (report: {run_dir / 'report.json'})", 1)
     if report and report.failed_stages:
         fail(opts, f"failed stages: {', '.join(report.failed_stages)} (see the table above)", 1)
 

@@ -11,9 +11,26 @@ from optimizer.report.schema import RunReport
 from optimizer.report.tables import tail_note
 
 
+def source_failure(report: RunReport) -> str | None:
+    """'stage 0 (source) failed: WHY; nothing after it ran' when stage 0 failed, else None: such a run has no
+    reference, so every other stage is "not run" and its tables would say nothing but that."""
+    source = report.stages[0] if report.stages else None
+    if source is None or source.status != "failed":
+        return None
+    return f"stage 0 ({source.name}) failed: {source.reason or 'no reason recorded'}; nothing after it ran"
+
+
 def show_report(report: RunReport, run_dir: Path, opts: CliOptions) -> None:
-    """The stage tables, notes, findings; a run still going or killed says so first."""
+    """The stage tables, notes, findings; a run still going or killed says so first. A run whose stage 0 failed
+    is one line: why, and where its report is."""
     out, err = opts.out, opts.err
+    failure = source_failure(report)
+    if failure is not None:
+        if opts.debug and report.stages[0].notes.get("traceback"):
+            err.print(f"{report.stages[0].name}:\n{report.stages[0].notes['traceback']}", highlight=False)
+        head, _, rest = failure.partition(":")
+        out.print(styled((head, "red"), f":{rest} (report: {run_dir / 'report.json'})"), soft_wrap=True)
+        return
     if report.outcome == "incomplete":
         pending = [st.name for st in report.stages if st.status == "pending"]
         writer = RunDir(run_dir).writer_pid()

@@ -33,6 +33,41 @@ def quiet(sink: io.StringIO | None = None) -> Iterator[io.StringIO]:
             lg.propagate = propagate
 
 
+def silence_libraries() -> None:
+    """Our process's output is ours: no progress bars or info lines from the libraries we drive (transformers'
+    "Loading weights" bars and advice, huggingface_hub's download bars, Polygraphy's `[I] Saving ...` lines),
+    while their errors (and Polygraphy's warnings) still show. Called where our processes start (the command line,
+    pool and Ray workers, the memory probe). Environment variables, which our child processes inherit and a user
+    may set otherwise, cover the libraries not imported yet; the libraries' own switches those already imported
+    (Polygraphy, which has no variable, also where we use it: silence_polygraphy)."""
+    import os
+    import sys
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' own bars follow this too
+    if "huggingface_hub" in sys.modules:
+        with contextlib.suppress(ImportError, AttributeError):
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+    if "transformers" in sys.modules:
+        silence_transformers()
+    if "polygraphy" in sys.modules:  # not imported here otherwise: light commands import no heavy library
+        silence_polygraphy()
+
+
+def silence_polygraphy() -> None:
+    """Polygraphy's logger down to its warnings and errors (no `[I] Saving ...` or `[I] Loading ...` lines), and
+    without colours (they need the `colored` package, and without it Polygraphy prints a line saying so). Called
+    where we use Polygraphy (deploy.bundle, runtime.crosscheck, the TensorRT runner): its logger is global."""
+    try:
+        from polygraphy.logger import G_LOGGER
+    except ImportError:
+        return
+    G_LOGGER.module_severity = G_LOGGER.WARNING
+    G_LOGGER.colors = False
+
+
 def silence_transformers() -> None:
     """No weight-loading progress bars or advisory logs from transformers (our own progress is shown)."""
     try:

@@ -189,6 +189,9 @@ def _polygraphy_reference(root: Path, feeds: list[dict[str, np.ndarray]], output
     from polygraphy.comparator import RunResults
     from polygraphy.json import save_json
 
+    from optimizer.core.quiet import silence_polygraphy
+
+    silence_polygraphy()  # no "[I] Saving ..." line per file in our output
     with _torch_unavailable():
         save_json(feeds, str(root / POLYGRAPHY_INPUTS), description="optimizer bundle reference inputs")
         results = RunResults()

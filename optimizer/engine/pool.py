@@ -33,6 +33,9 @@ def _stop_job(*_: Any) -> None:
 
 
 def _worker_init() -> None:
+    from optimizer.core.quiet import silence_libraries
+
+    silence_libraries()
     signal.signal(signal.SIGTERM, _stop_job)
     signal.signal(signal.SIGINT, _stop_job)
 

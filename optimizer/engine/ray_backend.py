@@ -27,6 +27,9 @@ STOP_SECONDS = 30.0  # after an interrupt: how long the cancelled tasks get to h
 def _phase(job: Job, driver_host: str, phase: Literal["build", "measure"], workdir: str | None) -> JobResult:
     import ray
 
+    from optimizer.core.quiet import silence_libraries
+
+    silence_libraries()  # a Ray worker's output reaches the driver's terminal
     result = run_phase(job, driver_host, phase, workdir)
     result.node = ray.get_runtime_context().get_node_id()
     return result

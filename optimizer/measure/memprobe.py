@@ -94,11 +94,11 @@ def main() -> None:
     import onnxruntime  # noqa: F401
     import torch
 
-    from optimizer.core.quiet import silence_transformers
+    from optimizer.core.quiet import silence_libraries
     from optimizer.recipe.loading import parse_recipe
     from optimizer.runtime.inputs import build_feeds
 
-    silence_transformers()
+    silence_libraries()
     spec = json.loads(sys.stdin.read())
     recipe = parse_recipe(spec["recipe"], "report.json", Path(spec["recipe_dir"]))
     artifact = Artifact.from_json(spec["artifact"])

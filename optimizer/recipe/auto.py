@@ -1,10 +1,10 @@
 """A recipe from a model alone (`optimizer compile --model PATH --device cpu|cuda`), as Olive's `auto-opt` does.
 
 `recipe_for_model` takes a Hugging Face folder (a path, or an installed package that ships one, as
-recipes/minilm-cpu.yaml names MiniLM), an ONNX file or `module:function`, infers the task and the inputs (from
-config.json, the ONNX graph or the module's first layer) and writes the pass list the checked-in recipes proved
-for that kind of model on that device. The result is validated by the real loader, and comes with its YAML, so
-the user can rerun or edit exactly what ran.
+recipes/minilm-cpu.yaml names MiniLM), an ONNX file or `module:function` (or `path/to/file.py:function`), infers
+the task and the inputs (from config.json, the ONNX graph or the module's first layer) and writes the pass list
+the checked-in recipes proved for that kind of model on that device. The result is validated by the real loader,
+and comes with its YAML, so the user can rerun or edit exactly what ran.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import yaml
 
 from optimizer.core.errors import OptimizerError
 from optimizer.recipe.auto_inputs import factory_facts, onnx_facts
+from optimizer.recipe.factory import FOUND_BESIDE, file_path, is_file, is_target, split
 from optimizer.recipe.genai_support import builder_architectures
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.packages import package_dir
@@ -27,7 +28,6 @@ from optimizer.recipe.schema import SCENARIO_PRESETS, Recipe
 
 DEVICES = ("cpu", "cuda")
 RERUN = "optimizer compile <this file>"  # in the header; cli/auto_compile.py writes the real path and --out
-FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # Sentences for real-text inputs, inline so the generated recipe needs no file beside it.
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -120,6 +120,10 @@ def _hf_kind(config: dict[str, Any], model: str) -> str:
     if mtype in ENCODER_TYPES or any(a.endswith(ENCODER_SUFFIXES) for a in archs):
         return "encoder"
     what = f"architectures {archs}" if archs else "no architectures"
+    if any(a.endswith("ForConditionalGeneration") for a in archs) or config.get("is_encoder_decoder"):
+        raise _fail(model, f"an encoder-decoder (seq2seq) model ({what}): compile --model has no seq2seq workload "
+                    "yet (encoder once, decoder with its cache); its encoder alone can be given as a folder saved "
+                    "with its *EncoderModel class (e.g. T5EncoderModel), or write a recipe by hand")
     raise _fail(
         model,
         f"unknown architecture ({what}, model_type {mtype!r}): auto knows text encoders (bert, roberta...), "
@@ -342,6 +346,10 @@ def _from_onnx(model: str, path: Path, device: str) -> tuple[dict[str, Any], lis
 
 def _from_factory(model: str, device: str) -> tuple[dict[str, Any], list[str]]:
     facts = factory_facts(model)
+    module, function = split(model)
+    if (folder := FOUND_BESIDE.get(module)) is not None:  # not on Python's path: a rerun must find it too
+        by_path = "" if "." in module else f", or name it by its path ({folder / module}.py:{function})"
+        facts.notes.append(f"{module} is in {folder}: run from there{by_path}, or add the folder to PYTHONPATH")
     data: dict[str, Any] = {"model": {"source": "factory", "target": model}}
     if facts.hf_config is not None:  # a transformers model: inputs from its config; forward only (no task here)
         config = facts.hf_config
@@ -366,8 +374,9 @@ def _from_factory(model: str, device: str) -> tuple[dict[str, Any], list[str]]:
 
 def recipe_for_model(model: str, device: str = "cpu", name: str | None = None) -> tuple[Recipe, str]:
     """The recipe for `model` (a Hugging Face folder or installed package shipping one, an .onnx file, or
-    `module:function`) on `device`, validated, and its YAML text with a header saying what it was made from
-    (its RERUN command is the writer's to complete: where the file lands decides its --out)."""
+    `module:function` / `path/to/file.py:function`, found as recipe/factory.py says) on `device`, validated, and
+    its YAML text with a header saying what it was made from (its RERUN command is the writer's to complete: where
+    the file lands decides its --out)."""
     if device not in DEVICES:
         raise _fail(model, f"--device {device!r}: must be one of {', '.join(DEVICES)}")
     path = Path(model).expanduser()
@@ -382,20 +391,29 @@ def recipe_for_model(model: str, device: str = "cpu", name: str | None = None) -
         elif path.suffix.lower() == ".onnx":
             default_name = f"{path.stem}-{_digest(path)}"  # every other export is a model.onnx
             data, notes = _from_onnx(model, path, device)
+        elif path.suffix == ".py":
+            raise _fail(model, f"a Python file: name the function that returns the model, {model}:FUNCTION")
         else:
-            raise _fail(model, "not a model: give a Hugging Face folder (with config.json), an .onnx file or "
-                               "module:function")
+            raise _fail(model, "not a model: give a Hugging Face folder (with config.json), an .onnx file, "
+                               "module:function or path/to/file.py:function")
     elif (pkg := _package_folder(model)) is not None:
         base = package_dir(pkg[0])
         assert base is not None
         source = {"source": "hf_folder", "package": pkg[0], "path": pkg[1]}
         default_name = pkg[0]
         data, notes = _from_hf(model, base / pkg[1], source, device)
-    elif FACTORY.fullmatch(model):
-        default_name = model.replace(":", ".")  # module and function: two modules' `model` functions differ
-        data, notes = _from_factory(model, device)
+    elif is_target(model):
+        module, function = split(model)
+        if is_file(module):  # the generated recipe lives in the run folder: it names the file by its absolute path
+            file = file_path(module, None).resolve()
+            default_name = f"{file.stem}.{function}-{_digest(file)}"
+            data, notes = _from_factory(f"{file}:{function}", device)
+        else:
+            default_name = model.replace(":", ".")  # module and function: two modules' `model` functions differ
+            data, notes = _from_factory(model, device)
     else:
-        raise _fail(model, "no such file or folder (nor an installed package with a model folder, nor module:function)")
+        raise _fail(model, "no such file or folder (nor an installed package with a model folder, nor "
+                           "module:function or path/to/file.py:function)")
     recipe_name = _safe(name) if name else _unique_name(default_name, device)
     data = {"name": recipe_name, "description": f"Generated from {model} for {device}.", **data}
     header = [

@@ -4,7 +4,6 @@ and its first layer's shape), checked by running the module once on what was inf
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.errors import OptimizerError
+from optimizer.recipe.factory import load_factory
 
 ONNX_DTYPES = {1: "float32", 10: "float16", 7: "int64", 6: "int32", 9: "bool"}  # onnx.TensorProto values
 SPATIAL = 224  # symbolic height/width of an image input
@@ -137,11 +137,10 @@ def factory_facts(model: str) -> InputFacts:
     """Build the module once (seeded, as the pipeline does) and read its inputs from forward and its first layer."""
     import torch
 
-    module_name, fn_name = model.split(":")
     try:
-        fn = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as e:
-        raise _fail(model, f"cannot import {model} ({e})") from None
+        fn = load_factory(model)
+    except OptimizerError as e:
+        raise _fail(model, str(e)) from None
     torch.manual_seed(0)
     module = fn()
     if not isinstance(module, torch.nn.Module):

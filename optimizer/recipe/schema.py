@@ -69,7 +69,8 @@ class HFConfigSource(Strict):
 
 
 class FactorySource(Strict):
-    """A Python callable `module:function` returning a torch.nn.Module."""
+    """A Python callable `module:function` (or `path/to/file.py:function`) returning a torch.nn.Module; where it
+    is looked for: optimizer.recipe.factory."""
 
     source: Literal["factory"]
     target: str
@@ -79,7 +80,7 @@ class FactorySource(Strict):
     @classmethod
     def _module_function(cls, v: str) -> str:
         if v.count(":") != 1 or not all(v.split(":")):
-            raise ValueError("must look like 'package.module:function'")
+            raise ValueError("must look like 'package.module:function' or 'path/to/file.py:function'")
         return v
 
 

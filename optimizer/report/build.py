@@ -41,6 +41,7 @@ from optimizer.report.schema import (
 from optimizer.report.tables import (
     columns,
     fmt,
+    input_shape,
     scenario_summary,
     scenario_title,
     stage_rows,
@@ -392,7 +393,7 @@ def to_markdown(report: RunReport) -> str:
     sweep = r.batch_sweep
     if sweep is not None and sweep.rows:
         lines += [
-            f"## Batch sweep of `{sweep.stage}` (seq {sweep.seq})",
+            f"## Batch sweep of `{sweep.stage}` ({_sweep_shape(r)})",
             "",
             "| batch | P50 ms | P99 ms | samples/s | memory growth MB |",
             "|---|---|---|---|---|",
@@ -416,6 +417,13 @@ def to_markdown(report: RunReport) -> str:
             lines.append(f"- pass time: {st.pass_seconds:.1f} s; benchmark time: {fmt(st.bench_seconds, '.1f')} s")
         lines.append("")
     return "\n".join(lines)
+
+
+def _sweep_shape(report: RunReport) -> str:
+    """The input shape the batch sweep timed: the first scenario's, at other batch sizes (engine.sweep)."""
+    sweep, first = report.batch_sweep, (report.scenarios or [None])[0]
+    seq = sweep.seq if sweep is not None and sweep.seq is not None else first.seq if first is not None else 0
+    return input_shape(report, 1, seq, first.dims if first is not None else None)
 
 
 def scenario_best_markdown(report: RunReport) -> list[str]:

@@ -94,8 +94,26 @@ def status_cell(stage: StageReport, short: bool = False) -> str:
     return f"{stage.status}: {stage.reason}"
 
 
+def input_shape(report: RunReport, batch: int, seq: int, dims: dict[str, int] | None = None) -> str:
+    """What the model takes at these bindings, past the batch: 'seq 128' when an input has a sequence (or the
+    recipe names no inputs), else each input's shape: '3x224x224' for an image model's one input, or
+    'pixel_values 3x224x224, scale 1' for several."""
+    inputs = [x for x in (report.recipe.model_extra or {}).get("inputs") or [] if isinstance(x, dict)]
+    if not inputs or any("seq" in (x.get("shape") or []) for x in inputs):
+        return f"seq {seq}"
+    bound: dict[str, int] = {"batch": batch, "seq": seq, **(dims or {})}
+    shapes = []
+    for x in inputs:
+        shape = list(x.get("shape") or [])
+        if shape[:1] == ["batch"]:
+            shape = shape[1:]
+        shapes.append((str(x.get("name", "?")), "x".join(str(bound.get(d, d)) for d in shape) or "one value"))
+    return shapes[0][1] if len(shapes) == 1 else ", ".join(f"{name} {shape}" for name, shape in shapes)
+
+
 def scenario_title(report: RunReport, scen: ScenarioEcho) -> str:
-    """'b1-natural (batch 1, natural lengths 9-61 tokens, median 21, 32 inputs)' or '(batch 1, seq 128)'."""
+    """'b1-natural (batch 1, natural lengths 9-61 tokens, median 21, 32 inputs)', '(batch 1, seq 128)', or for
+    inputs without a sequence their shape: '(batch 1, 3x224x224)'."""
     inputs = next(
         (sm.inputs for st in report.stages if (sm := st.scenario(scen.name)) is not None and sm.inputs is not None),
         None,
@@ -107,7 +125,7 @@ def scenario_title(report: RunReport, scen: ScenarioEcho) -> str:
         )
     else:
         timed = f", {inputs.samples} inputs timed in turn" if inputs is not None and inputs.samples else ""
-        shape = f"seq {scen.seq}{timed}"
+        shape = f"{input_shape(report, scen.batch, scen.seq, scen.dims)}{timed}"
     return f"{scen.name} (batch {scen.batch}, {shape})"
 
 

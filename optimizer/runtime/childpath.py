@@ -1,10 +1,11 @@
 """The import path a child Python process gets (the memory probe, `ctx.map`'s workers).
 
 A child imports with this process's sys.path so that what this process can import (a factory model's module on a
-path a test or notebook added) the child can too. But `import onnxruntime.quantization` (or .transformers)
-appends onnxruntime's transformers folder, which holds an `optimizer.py`: a child that has not yet imported our
-`optimizer` package would import that module instead ("'optimizer' is not a package"). So our root goes first and
-that folder is left out (onnxruntime adds it back itself in a child that imports it).
+path a test or notebook added, or in the folder optimizer/recipe/factory.py found it in) the child can too. But
+`import onnxruntime.quantization` (or .transformers) appends onnxruntime's transformers folder, which holds an
+`optimizer.py`: a child that has not yet imported our `optimizer` package would import that module instead
+("'optimizer' is not a package"). So our root goes first and that folder is left out (onnxruntime adds it back
+itself in a child that imports it).
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ def quiet_polygraphy(log_path: Path | None = None) -> Iterator[None]:
     verdict is ours to report)."""
     from polygraphy.logger import G_LOGGER
 
+    from optimizer.core.quiet import silence_polygraphy
+
+    silence_polygraphy()  # what it goes back to afterwards
     old_severity, old_file = G_LOGGER.module_severity, G_LOGGER.log_file
     G_LOGGER.module_severity = G_LOGGER.ERROR if log_path is not None else G_LOGGER.CRITICAL
     if log_path is not None:

@@ -7,13 +7,12 @@ the ONNX graph's inputs and outputs line up with the reference by construction.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimizer.core.errors import OptimizerError
+from optimizer.recipe.factory import load_factory
 from optimizer.recipe.schema import FactorySource, HFConfigSource, HFFolderSource, OnnxSource, Recipe
 
 if TYPE_CHECKING:
@@ -54,6 +53,9 @@ def _folder_class(task: str, folder: Path) -> Any:
     decoder weights missing)."""
     import transformers
 
+    from optimizer.core.quiet import silence_transformers
+
+    silence_transformers()  # no "Loading weights" bar, whichever class loads it
     if task == "feature-extraction":
         try:
             archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
@@ -102,20 +104,20 @@ def _from_config(source: HFConfigSource) -> torch.nn.Module:
     return _auto_class(source.task).from_config(config, **extra)
 
 
-def _from_factory(source: FactorySource, seed: int) -> torch.nn.Module:
+def _from_factory(source: FactorySource, seed: int, base_dir: Path) -> torch.nn.Module:
     """The factory's module. Called with torch's, numpy's and Python's generators seeded (recipe.seed): stage 0,
     the export and any later process build the module more than once, and a factory that draws random weights
-    without a seed of its own must give the same weights each time."""
+    without a seed of its own must give the same weights each time. The target is found as recipe/factory.py
+    says: on Python's path, or beside the user or the recipe, or by its file's path."""
     import random
 
     import numpy as np
     import torch
 
-    module_name, fn_name = source.target.split(":")
     try:
-        fn = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as e:
-        raise OptimizerError(f"model.target: cannot import {source.target!r} ({e})") from None
+        fn = load_factory(source.target, base_dir)
+    except OptimizerError as e:
+        raise OptimizerError(f"model.target: {e}") from None
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
@@ -169,7 +171,7 @@ def load_module(recipe: Recipe) -> torch.nn.Module:
     elif isinstance(source, HFConfigSource):
         module = _from_config(source)
     else:
-        module = _from_factory(source, recipe.seed)
+        module = _from_factory(source, recipe.seed, recipe.base_dir)
         if isinstance(module, torch.nn.Module):
             _check_deterministic(source, module)
     if not isinstance(module, torch.nn.Module):

@@ -168,6 +168,9 @@ class TrtRunner(Runner):
         from polygraphy.backend.trt import EngineFromPath
         from polygraphy.exception import PolygraphyException
 
+        from optimizer.core.quiet import silence_polygraphy
+
+        silence_polygraphy()
         assert self.artifact.path is not None
         try:  # Polygraphy's loader: TensorRT's runtime, its plugins, the engine read as a stream
             engine = EngineFromPath(str(self.artifact.path))()
