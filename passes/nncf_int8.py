@@ -18,6 +18,7 @@ from pydantic import Field
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError, PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.runtime.cpu_features import int8_reduce_range
 from optimizer.runtime.threads import target_threads
 from passes.openvino import IR_WEIGHTS
 
@@ -102,6 +103,13 @@ class NncfInt8Pass(Pass):
         ignored = (nncf.IgnoredScope(types=cfg.ignored_types, names=cfg.ignored_names, validate=True)
                    if cfg.ignored_types or cfg.ignored_names else None)
         ctx.progress("NNCF: calibrating", 0, 0)
+        # x86 without VNNI: 8-bit weights saturate the u8s8 kernels; NNCF's overflow fix (7-bit weights) is then
+        # applied to every layer, not only the first as by default (runtime.cpu_features)
+        reduce, reduce_why = int8_reduce_range()
+        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+
+        overflow = OverflowFix.ENABLE if reduce else OverflowFix.FIRST_LAYER
+        advanced = AdvancedQuantizationParameters(overflow_fix=overflow)
         common: dict[str, Any] = {
             "subset_size": len(feeds),
             "fast_bias_correction": cfg.fast_bias_correction,
@@ -115,9 +123,9 @@ class NncfInt8Pass(Pass):
                 validate, control = accuracy_validation(artifact, feeds, names, cfg.margin, ctx)
                 quantized = nncf.quantize_with_accuracy_control(
                     model, dataset, dataset, validate, max_drop=control["max_drop"],
-                    drop_type=nncf.DropType.ABSOLUTE, **common)
+                    drop_type=nncf.DropType.ABSOLUTE, advanced_quantization_parameters=advanced, **common)
             else:
-                quantized = nncf.quantize(model, dataset, **common)
+                quantized = nncf.quantize(model, dataset, advanced_parameters=advanced, **common)
         except PassError:
             raise
         except Exception as e:  # NNCF's and OpenVINO's own error types (an ignored name matching nothing, too)
@@ -143,6 +151,7 @@ class NncfInt8Pass(Pass):
             "model_type": cfg.model_type,
             "fake_quantize_nodes": ops.get("FakeQuantize", 0),
             "int8_layers": int8_layers,
+            "overflow_fix": {"value": overflow.value, "why": reduce_why},
             "precision": precision,
             **({"ignored": {"types": cfg.ignored_types, "names": cfg.ignored_names}} if ignored is not None else {}),
             **({"accuracy_control": control} if control else {}),

@@ -40,6 +40,7 @@ def ov_recipe(**overrides: Any) -> dict[str, Any]:
     )
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_openvino_stages_run_and_say_what_precision_ran(tmp_path: Path) -> None:
     recipe = load_recipe(write_recipe(tmp_path, ov_recipe()))
@@ -55,6 +56,9 @@ def test_openvino_stages_run_and_say_what_precision_ran(tmp_path: Path) -> None:
     assert f32.metrics["scenarios"]["b1"]["vs_parent"] is not None  # timed against the ONNX export it came from
     assert f32.metrics["scenarios"]["b1"]["profile"]["source"] == "openvino"  # performance counters per layer type
     assert int8.notes["fake_quantize_nodes"] >= 2 and int8.notes["int8_layers"] >= 2
+    from optimizer.runtime.cpu_features import int8_reduce_range  # x86 without VNNI: 7-bit weights everywhere
+
+    assert int8.notes["overflow_fix"]["value"] == ("enable" if int8_reduce_range()[0] else "first_layer_only")
     assert any(p in ("i8", "u8") for p in int8.notes["precision"]["layers"])
     bf16 = records["ov_bf16"].notes["precision"]
     capabilities = records["ov_bf16"].metrics["runtime"]["precision"]
@@ -110,6 +114,7 @@ def test_compile_options_come_from_the_artifact_and_the_target() -> None:
     assert "INFERENCE_PRECISION_HINT" not in compile_config({"ov_precision": "default"}, threads=1)
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_openvino_bundle_exports_verifies_and_benches(tmp_path: Path) -> None:
     from optimizer.core.errors import OptimizerError
@@ -135,6 +140,7 @@ def test_openvino_bundle_exports_verifies_and_benches(tmp_path: Path) -> None:
         "format"] == "onnx"
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_triton_repository_for_the_openvino_backend(tmp_path: Path) -> None:
     """`--format triton` of an OpenVINO stage: the OpenVINO backend's layout and parameters, parsed by Triton's own
@@ -157,6 +163,7 @@ def test_triton_repository_for_the_openvino_backend(tmp_path: Path) -> None:
     assert verify_bundle(root) == []
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_accuracy_controlled_int8_is_judged_by_our_metric(tmp_path: Path) -> None:
     """NNCF's accuracy-aware quantization with our accuracy implementation as its metric: the drop it may allow is
@@ -174,6 +181,7 @@ def test_accuracy_controlled_int8_is_judged_by_our_metric(tmp_path: Path) -> Non
 
 
 # ---------------------------------------------------------------- what an adversarial try found
+@pytest.mark.slow
 @needs_openvino
 def test_an_openvino_stage_from_an_fp16_graph_finds_its_inputs(tmp_path: Path) -> None:
     """The compiled model names the input port after the fused input Cast; the tensor keeps the name `x`."""
@@ -209,6 +217,7 @@ def test_accuracy_control_without_a_floor_is_refused_by_validate(tmp_path: Path)
         load_recipe(write_recipe(tmp_path, data, "m.yaml"))
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_tampered_openvino_manifests_are_one_line_each(tmp_path: Path) -> None:
     from optimizer.core.errors import OptimizerError
@@ -229,6 +238,7 @@ def test_tampered_openvino_manifests_are_one_line_each(tmp_path: Path) -> None:
     assert verify_bundle(out) == []
 
 
+@pytest.mark.slow
 def test_openvino_telemetry_is_left_out(tmp_path: Path) -> None:
     """OpenVINO's converter and NNCF count and send usage through openvino_telemetry (into ~/intel): importing
     OpenVINO through us leaves that module out, so nothing is written outside the folders the user named."""
@@ -245,6 +255,7 @@ def test_openvino_telemetry_is_left_out(tmp_path: Path) -> None:
     assert not (tmp_path / "intel").exists()
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_ignored_names_that_match_nothing_fail_the_stage_with_the_name(tmp_path: Path) -> None:
     data = ov_recipe()
@@ -258,6 +269,7 @@ def test_ignored_names_that_match_nothing_fail_the_stage_with_the_name(tmp_path:
     assert records["openvino"].status == "ran"  # what ran before it is kept
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_static_shapes_compile_per_input_shape_and_change_only_that(tmp_path: Path) -> None:
     """A `static_shapes` stage after an OpenVINO stage keeps its parent's precision and hint (it changes only what

@@ -29,6 +29,7 @@ def ops(stage: Any) -> dict[str, int]:
     return stage.metrics["graph"]["op_types"]
 
 
+@pytest.mark.slow
 def test_int8_dynamic(tmp_path: Path) -> None:
     q = run_mode(tmp_path, {"mode": "int8_dynamic"})
     assert ops(q).get("DynamicQuantizeLinear", 0) >= 1
@@ -36,6 +37,7 @@ def test_int8_dynamic(tmp_path: Path) -> None:
     assert q.metrics["size_bytes"] < 0.5 * q.notes["export_size"]  # INT8 weights: a quarter, plus scales
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
 def test_int8_static_qdq(tmp_path: Path, method: str) -> None:
     q = run_mode(tmp_path, {"mode": "int8_static", "calibration": {"method": method, "samples": 8}})
@@ -44,6 +46,7 @@ def test_int8_static_qdq(tmp_path: Path, method: str) -> None:
     assert q.metrics["accuracy"]["logits"]["cosine"] > 0.98
 
 
+@pytest.mark.slow
 def test_fp16_keeps_io_types(tmp_path: Path) -> None:
     q = run_mode(tmp_path, {"mode": "fp16"})
     model = onnx.load(str(q.artifact.path))
@@ -53,6 +56,7 @@ def test_fp16_keeps_io_types(tmp_path: Path) -> None:
     assert acc["cosine"] > 0.9999 and 0 < acc["max_abs"] < 0.05
 
 
+@pytest.mark.slow
 def test_hybrid_chooses_int8_within_budget(tmp_path: Path) -> None:
     q = run_mode(tmp_path, {"mode": "hybrid", "calibration": {"samples": 4}, "hybrid": {"min_cosine": 0.99}})
     assert q.notes["int8_nodes"], q.notes["decision"]
@@ -70,6 +74,7 @@ def test_hybrid_chooses_int8_within_budget(tmp_path: Path) -> None:
     assert q.metrics["accuracy"]["logits"]["cosine"] > 0.99
 
 
+@pytest.mark.slow
 def test_hybrid_budget_too_tight_keeps_fp32(tmp_path: Path) -> None:
     q = run_mode(
         tmp_path, {"mode": "hybrid", "calibration": {"samples": 4}, "hybrid": {"min_cosine": 0.99999999, "margin": 0.0}}
@@ -80,6 +85,7 @@ def test_hybrid_budget_too_tight_keeps_fp32(tmp_path: Path) -> None:
     assert q.metrics["accuracy"]["logits"]["cosine"] > 0.999999
 
 
+@pytest.mark.slow
 def test_budget_rejects_a_stage(tmp_path: Path) -> None:
     q = run_mode(tmp_path, {"mode": "int8_dynamic"}, accuracy={"metric": "max_abs", "max": 1e-9, "samples": 2})
     assert q.metrics["within_budget"] is False and "> 1e-09" in q.metrics["budget"]
@@ -171,3 +177,16 @@ def test_unfuse_convs_asks_int8_only_for_its_own_followers() -> None:
     unfused = unfuse_convs(model, ["Conv", "MatMul"])
     assert unfused.extra_ops == ["Relu"] and unfused.extra_exclude == ["head_relu"]
     assert unfuse_convs(fused_conv_graph("Relu", [], True, False, 17), ["Conv", "Relu"]).extra_ops == []
+
+
+def test_int8_weights_are_7_bit_on_x86_without_vnni() -> None:
+    """ORT's u8s8 kernels saturate on x86 without VNNI (AVX2): there, and only there, weights go to 7 bits."""
+    from optimizer.runtime.cpu_features import int8_reduce_range
+
+    avx2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+    assert int8_reduce_range(avx2, "x86_64")[0] is True
+    assert int8_reduce_range(avx2 | {"avx512f", "avx512_vnni"}, "x86_64") == (
+        False, "this CPU has avx512_vnni: full-range INT8 weights")
+    assert int8_reduce_range(avx2 | {"avx_vnni"}, "x86_64")[0] is False
+    assert int8_reduce_range(frozenset(), "x86_64")[0] is False  # flags unknown: as ORT's default
+    assert int8_reduce_range(frozenset({"asimd"}), "aarch64")[0] is False

@@ -247,6 +247,11 @@ class QuantizePass(Pass):
                 notes["unfused_convs"] = len(unfused.convs)
             if unfused.kept:
                 notes["kept_fused"] = unfused.kept  # an activation with no standard op: stays FusedConv, FP32
+            if cfg.mode == "int8_dynamic":
+                from optimizer.runtime.cpu_features import int8_reduce_range
+
+                reduce, why = int8_reduce_range()
+                notes["reduce_range"] = {"on": reduce, "why": why}
             if cfg.mode == "int8_dynamic" and core:
                 graph = onnx_io.load(plain, with_weights=False)
                 ops = sorted({*cfg.op_types, "MatMul"})
@@ -296,6 +301,7 @@ class QuantizePass(Pass):
 
     def _hybrid(self, src, dst, artifact, ctx, cfg, progress) -> dict[str, object]:  # type: ignore[no-untyped-def]
         from optimizer.runtime import onnx_io
+        from optimizer.runtime.cpu_features import int8_reduce_range
         from passes.quantize import hybrid, modes
         from passes.quantize.calibration import calibration_feeds
 
@@ -383,4 +389,5 @@ class QuantizePass(Pass):
                 {k: t[k] for k in ("technique", "kept", "why", "int8_nodes", "gain") if k in t} for t in techniques
             ],
             "files": ["sensitivity.json", "hybrid_search.json"],
+            "reduce_range": dict(zip(("on", "why"), int8_reduce_range(), strict=True)),
         }

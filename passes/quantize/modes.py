@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optimizer.core.names import unique_name
 from optimizer.core.quiet import quiet
 
 # A tensor ONNX shape inference cannot type (a MatMul fed by a contrib op of `fuse`, e.g. BiasGelu) is FP32 in
@@ -40,9 +41,15 @@ def int8_dynamic(
     nodes: list[str] | None,
     exclude: list[str],
     const_b_only: bool = True,
+    reduce_range: bool | None = None,
 ) -> None:
     """const_b_only=False also quantizes MatMuls whose both inputs are activations (the attention core once
-    attention.unfuse wrote it as MatMuls); pass `nodes` to say which."""
+    attention.unfuse wrote it as MatMuls); pass `nodes` to say which. reduce_range None: as the CPU needs
+    (runtime.cpu_features.int8_reduce_range: 7-bit weights on x86 without VNNI)."""
+    from optimizer.runtime.cpu_features import int8_reduce_range
+
+    if reduce_range is None:
+        reduce_range = int8_reduce_range()[0]
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet():
@@ -50,6 +57,7 @@ def int8_dynamic(
             str(src),
             str(dst),
             per_channel=per_channel,
+            reduce_range=reduce_range,
             weight_type=QuantType.QInt8,
             op_types_to_quantize=ops,
             nodes_to_quantize=nodes or [],
@@ -183,15 +191,6 @@ def _names(graph: Any) -> set[str]:
     return names | {t for n in graph.node for t in [*n.input, *n.output]}
 
 
-def _fresh(name: str, taken: set[str]) -> str:
-    base, i = name, 0
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
-    taken.add(name)
-    return name
-
-
 def _unfuse_one(node: Any, opset: int, taken: set[str], graph: Any) -> list[Any] | None:
     """[Conv, (Add), (activation)] for one FusedConv, or None when its activation has no standard form here."""
     from onnx import helper
@@ -207,12 +206,12 @@ def _unfuse_one(node: Any, opset: int, taken: set[str], graph: Any) -> list[Any]
     z = node.input[3] if len(node.input) > 3 else ""
     steps = [("Add", z)] if z else []
     steps += [(kind, "")] if kind else []
-    conv_out = _fresh(f"{node.name}_conv", taken) if steps else node.output[0]
+    conv_out = unique_name(f"{node.name}_conv", taken) if steps else node.output[0]
     written = [helper.make_node("Conv", [x, w, *([b] if b else [])], [conv_out], name=node.name, **attrs)]
     current = conv_out
     for i, (op, other) in enumerate(steps):
-        out = node.output[0] if i == len(steps) - 1 else _fresh(f"{node.name}_sum", taken)
-        name = _fresh(f"{node.name}_{op.lower()}", taken)
+        out = node.output[0] if i == len(steps) - 1 else unique_name(f"{node.name}_sum", taken)
+        name = unique_name(f"{node.name}_{op.lower()}", taken)
         if op == "Add":
             written.append(helper.make_node("Add", [current, other], [out], name=name))
         else:
@@ -236,7 +235,7 @@ def _activation(
     if op == "Clip" and opset < 11:
         return helper.make_node(op, [x], [y], name=name, min=params[0], max=params[1])
     if op == "Clip":  # from opset 11 the bounds are inputs
-        bounds = [_fresh(f"{name}_{end}", taken) for end in ("min", "max")]
+        bounds = [unique_name(f"{name}_{end}", taken) for end in ("min", "max")]
         graph.initializer.extend(numpy_helper.from_array(np.float32(v), n) for v, n in zip(params, bounds, strict=True))
         return helper.make_node(op, [x, *bounds], [y], name=name)
     return helper.make_node(op, [x], [y], name=name)
