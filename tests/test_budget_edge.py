@@ -84,6 +84,7 @@ def test_best_prefers_a_resolved_stage_to_an_equally_fast_one_at_the_edge() -> N
     assert best is not None and best.name == "a" and "at the budget's edge, not resolved" in why
 
 
+@pytest.mark.slow
 def test_a_compiled_stage_carries_its_interval(tmp_path: Path) -> None:
     recipe = parse_recipe(mlp_recipe(accuracy={"min": 0.99, "samples": 4}), "edge.yaml", tmp_path)
     records = Pipeline(recipe, tmp_path / "run").execute()

@@ -25,6 +25,7 @@ def _run(tmp_path: Path, data: dict | None = None) -> list:
     return Pipeline(recipe, tmp_path / "out").execute()
 
 
+@pytest.mark.slow
 def test_an_edited_metrics_file_is_measured_again(tmp_path: Path) -> None:
     _run(tmp_path)
     path = tmp_path / "out" / "02-ort_session" / "metrics.json"
@@ -37,6 +38,7 @@ def test_an_edited_metrics_file_is_measured_again(tmp_path: Path) -> None:
     assert "metrics.json" in ort.notes.get("cache", "") and "measured again" in ort.notes["cache"]
 
 
+@pytest.mark.slow
 def test_cached_metrics_that_do_not_fit_the_schema_are_measured_again(tmp_path: Path) -> None:
     """A metrics.json with a valid checksum but a layout the typed report cannot read (an older version's, say)
     is measured again, not carried into the report where it would stop the run."""
@@ -53,6 +55,7 @@ def test_cached_metrics_that_do_not_fit_the_schema_are_measured_again(tmp_path: 
     assert "does not fit the metrics schema" in ort.notes.get("cache", "")
 
 
+@pytest.mark.slow
 def test_a_model_file_changed_in_place_at_the_same_size_is_rebuilt(tmp_path: Path) -> None:
     _run(tmp_path)
     model = tmp_path / "out" / "01-export" / "model.onnx"
@@ -63,6 +66,7 @@ def test_a_model_file_changed_in_place_at_the_same_size_is_rebuilt(tmp_path: Pat
     assert records[1].status == "ran" and "rebuilt" in records[1].notes.get("cache", "")
 
 
+@pytest.mark.slow
 def test_two_identical_stages_keep_their_own_folders(tmp_path: Path) -> None:
     data = mlp_recipe(passes=[
         {"type": "export"},
@@ -78,6 +82,7 @@ def test_two_identical_stages_keep_their_own_folders(tmp_path: Path) -> None:
         assert (tmp_path / "out" / "03-b" / "model.onnx").is_file()
 
 
+@pytest.mark.slow
 def test_a_truncated_reference_is_redone(tmp_path: Path) -> None:
     first = _run(tmp_path)
     ref = tmp_path / "out" / "00-source" / "reference.npz"
@@ -89,6 +94,7 @@ def test_a_truncated_reference_is_redone(tmp_path: Path) -> None:
     assert records[2].metrics["accuracy"] == first[2].metrics["accuracy"]
 
 
+@pytest.mark.slow
 def test_unseeded_factory_exports_the_weights_stage_0_ran(tmp_path: Path) -> None:
     data = mlp_recipe(model={"source": "factory", "target": "tiny_models:unseeded_mlp"})
     records = _run(tmp_path, data)
@@ -99,6 +105,7 @@ def test_unseeded_factory_exports_the_weights_stage_0_ran(tmp_path: Path) -> Non
 
 
 # ---------------------------------------------------------------- validation runs no user code, bounded YAML
+@pytest.mark.slow
 def test_validate_does_not_import_the_models_package(tmp_path: Path) -> None:
     pkg = tmp_path / "site" / "sneaky"
     (pkg / "models" / "mini").mkdir(parents=True)
@@ -138,6 +145,7 @@ def test_a_huge_recipe_file_is_refused(tmp_path: Path) -> None:
         load_recipe(path)
 
 
+@pytest.mark.slow
 def test_yaml_nested_too_deeply_is_one_error(tmp_path: Path) -> None:
     path = tmp_path / "deep.yaml"
     path.write_text("name: deep\ndescription: " + "[" * 5000 + "]" * 5000 + "\n")

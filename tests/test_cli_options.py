@@ -69,6 +69,7 @@ def test_model_for_cuda_on_a_machine_without_one_builds_nothing(tmp_path: Path,
     assert not (tmp_path / "run").exists() and not history.exists()  # no recipe, no report, no history entry
 
 
+@pytest.mark.slow
 def test_tables_print_before_mlflow_logging(recipe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A slow store delays nothing the user needs: the tables and the report line come first."""
     pytest.importorskip("mlflow")

@@ -64,6 +64,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tiny(folder / "a.onnx"), tiny(folder / "b.onnx", pairs=24)
 
 
+@pytest.mark.slow
 def test_b_slower_on_purpose_is_called_slower_and_explained(
     pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -101,6 +102,7 @@ def test_b_slower_on_purpose_is_called_slower_and_explained(
     assert any("B ran with graph_optimization_level disable_all" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_both_run_with_the_same_ort_level(
     pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -233,6 +235,7 @@ def test_graph_inputs_are_inferred_as_compile_model_does(tmp_path: Path) -> None
         compare_recipe(side, side, scenarios=["batch=1,width=3"])
 
 
+@pytest.mark.slow
 def test_odd_graph_runs_and_inputs_that_do_not_fit_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -259,6 +262,7 @@ def _patched_run(out: Path, stage: str, **fields: Any) -> None:
     path.write_text(json.dumps(report))
 
 
+@pytest.mark.slow
 def test_run_stage_that_was_skipped_or_failed_is_refused(pair: tuple[Path, Path], tmp_path: Path) -> None:
     from optimizer.report.compare import resolve_side
 

@@ -124,6 +124,7 @@ def assert_convs_quantized(stages: dict[str, Any], convs: int, tmp_path: Path) -
     assert BUDGET <= cosine < 1.0 and quant.metrics["within_budget"] is True
 
 
+@pytest.mark.slow
 def test_old_zoo_model_fuse_then_int8_static(tmp_path: Path) -> None:
     convs = old_zoo_resnet(tmp_path / "resnet_v1.onnx")
     data = cnn_recipe(
@@ -137,6 +138,7 @@ def test_old_zoo_model_fuse_then_int8_static(tmp_path: Path) -> None:
     assert_convs_quantized(stages, convs, tmp_path)
 
 
+@pytest.mark.slow
 def test_pytorch_resnet_export_fuse_then_int8_static(tmp_path: Path) -> None:
     model = {
         "source": "factory",
@@ -173,6 +175,7 @@ def constant_node_mlp(path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
+@pytest.mark.slow
 def test_int8_dynamic_with_weights_from_nodes_says_nothing_to_quantize(tmp_path: Path) -> None:
     constant_node_mlp(tmp_path / "m.onnx")
     data = mlp_recipe(
@@ -202,6 +205,7 @@ def test_a_quantization_that_wrote_nothing_quantized_fails(tmp_path: Path, monke
     assert quant.status == "failed" and "int8_dynamic quantized nothing" in quant.reason
 
 
+@pytest.mark.slow
 def test_int8_static_without_a_node_of_its_op_types_says_nothing_to_quantize(tmp_path: Path) -> None:
     only_conv = {"type": "quantize", "config": {"mode": "int8_static", "op_types": ["Conv"]}}
     data = mlp_recipe(passes=[{"type": "export"}, only_conv])

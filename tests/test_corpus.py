@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from optimizer.qa.corpus import PASSES, corpus_dirs, run_corpus, table
 
 
+@pytest.mark.slow
 def test_robustness_corpus() -> None:
     dirs = corpus_dirs()
     assert len(dirs) >= 100

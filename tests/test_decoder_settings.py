@@ -101,6 +101,7 @@ def settings_run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     return recipe, {r.name: r for r in records}, path
 
 
+@pytest.mark.slow
 def test_each_setting_is_a_stage_that_records_what_its_sessions_run_with(settings_run: tuple) -> None:
     _, by, _ = settings_run
     threads = {name: by[name].notes["threads"] for name in ("ort_session", "no_spin", "one_thread")}
@@ -115,6 +116,7 @@ def test_each_setting_is_a_stage_that_records_what_its_sessions_run_with(setting
     assert by["shared_pool"].status == "skipped" and by["shared_pool"].reason == SHARED_POOL_REASON
 
 
+@pytest.mark.slow
 def test_shared_pool_sessions_as_asked_and_same_tokens(settings_run: tuple, tmp_path: Path) -> None:
     recipe, by, path = settings_run
     art = by["ort_session"].artifact

@@ -68,6 +68,7 @@ def test_a_flushing_session_flushes_the_calling_thread_during_its_calls_only(tmp
     assert np.float32(TINY) * np.float32(1.0) > 0  # nor is the rest of the process after the call
 
 
+@pytest.mark.slow
 @needs_flush
 def test_a_flushing_session_opened_first_does_not_flush_the_next(tmp_path: Path) -> None:
     """ONNX Runtime sets the calling thread's mode from the first session of a process and never again: a
@@ -125,6 +126,7 @@ def test_denormals_are_found_and_the_flushed_stage_is_faster(tmp_path: Path) -> 
     check_found_and_faster(tmp_path, denormal_recipe(tmp_path))
 
 
+@pytest.mark.slow
 @needs_flush
 def test_probe_finding_and_verdict_with_a_deterministic_denormal_cost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

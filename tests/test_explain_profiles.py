@@ -42,6 +42,7 @@ def mlp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], RunRep
     return records, build_report(recipe, records, tmp / "out", 1.0)
 
 
+@pytest.mark.slow
 def test_the_pytorch_source_gets_a_pytorch_profile(mlp_run: tuple[list[Any], RunReport]) -> None:
     records, _ = mlp_run
     source, export = records[0].metrics, records[1].metrics
@@ -55,6 +56,7 @@ def test_the_pytorch_source_gets_a_pytorch_profile(mlp_run: tuple[list[Any], Run
     assert {"Gemm", "Gelu"} <= set(export["op_time_ms"]) or {"MatMul", "Gelu"} <= set(export["op_time_ms"])
 
 
+@pytest.mark.slow
 def test_export_is_explained_against_the_pytorch_profile(mlp_run: tuple[list[Any], RunReport]) -> None:
     records, report = mlp_run
     export = report.stage("export")
@@ -88,6 +90,7 @@ def gen_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], Run
     return records, build_report(recipe, records, tmp / "out", 1.0)
 
 
+@pytest.mark.slow
 def test_generation_stages_profile_the_prefill_and_the_decode_step(gen_report: tuple[list[Any], RunReport]) -> None:
     records, _ = gen_report
     source, export, int4 = (r.metrics for r in records)
@@ -109,6 +112,7 @@ def test_generation_stages_profile_the_prefill_and_the_decode_step(gen_report: t
     assert scen["parent_ttft"]["n"] == scen["ttft"]["n"] and scen["parent_tpot"]["n"] == scen["tpot"]["n"]
 
 
+@pytest.mark.slow
 def test_generation_stages_are_explained_per_prefill_and_per_decode_step(
     gen_report: tuple[list[Any], RunReport],
 ) -> None:
@@ -243,6 +247,7 @@ def test_gpu_stages_are_explained_by_kernel_name_with_launches() -> None:
 
 
 
+@pytest.mark.slow
 def test_generation_report_shows_tpot_against_the_export(gen_report: tuple[list[Any], RunReport]) -> None:
     """Issue 16: the weight-only stage's TPOT ratio against the FP32 export, with its token agreement."""
     from optimizer.report.tables import stage_rows, tpot_vs_export

@@ -41,6 +41,7 @@ def test_serial_map_runs_here_in_order(tmp_path: Path) -> None:
     assert seen == [("doubling", 1, 3), ("doubling", 2, 3), ("doubling", 3, 3)]
 
 
+@pytest.mark.slow
 def test_two_workers_share_the_threads_and_keep_the_order(tmp_path: Path) -> None:
     ctx, seen = context(tmp_path, 2)
     out = ctx.map(where, list(range(6)), "doubling")
@@ -52,6 +53,7 @@ def test_two_workers_share_the_threads_and_keep_the_order(tmp_path: Path) -> Non
     assert ctx.recipe.target.threads == 4  # the workers' copy changed, not this one
 
 
+@pytest.mark.slow
 def test_a_worker_error_is_raised_here(tmp_path: Path) -> None:
     ctx, _ = context(tmp_path, 2)
     with pytest.raises(PassError, match="item -1: negative"):
@@ -83,12 +85,14 @@ def _sensitivity(tmp_path: Path, workers: int) -> dict[str, float]:
     return state.sensitivity
 
 
+@pytest.mark.slow
 def test_cpu_hybrid_sensitivities_are_the_serial_ones(tmp_path: Path) -> None:
     serial, pooled = _sensitivity(tmp_path / "serial", 1), _sensitivity(tmp_path / "pool", 2)
     assert pooled == serial  # equal numbers, not merely close
     assert serial["outlier_in"] > 0.5 and serial["normal_1"] < 1e-2  # and real ones
 
 
+@pytest.mark.slow
 def test_gpu_hybrid_simulated_sensitivities_are_the_serial_ones(tmp_path: Path) -> None:
     runs = {}
     for workers in (1, 2):
@@ -103,6 +107,7 @@ def test_gpu_hybrid_simulated_sensitivities_are_the_serial_ones(tmp_path: Path) 
     assert {n["node"]: n["sensitivity_int8"] > 0.5 for n in runs[2]["nodes"]}["outlier_in"]
 
 
+@pytest.mark.slow
 def test_compile_workers_with_one_recipe_reach_the_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[int] = []
     init = services.MeasureServices.__init__
@@ -117,6 +122,7 @@ def test_compile_workers_with_one_recipe_reach_the_pipeline(tmp_path: Path, monk
     assert made == [2]  # in this process: the one recipe compiles here, its passes fan out over 2
 
 
+@pytest.mark.slow
 def test_workers_import_our_optimizer_after_onnxruntime_transformers(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """onnxruntime.transformers appends its folder (which holds an optimizer.py) to sys.path; a worker started

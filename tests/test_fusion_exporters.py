@@ -101,12 +101,14 @@ def fused_ops(m: Any) -> Counter[str]:
     return Counter({op: n for op, n in ops(m).items() if any(op in r.emits for r in RULES_BY_NAME.values())})
 
 
+@pytest.mark.slow
 def test_torchscript_export_has_no_types_for_its_intermediates(exports: dict) -> None:
     """The premise: a TorchScript export carries no value_info, so the probe must type the graph itself."""
     m = onnx.load(str(exports["eager", "torchscript"]))
     assert len(m.graph.value_info) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_torchscript_export_fuses_like_dynamo(exports: dict, attn: str) -> None:
     feed = padded_feed()
@@ -129,6 +131,7 @@ def test_torchscript_export_fuses_like_dynamo(exports: dict, attn: str) -> None:
     assert ts == dyn, (ts, dyn, misses)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_gpt2_torchscript_export_fuses_causal_attention(tmp_path: Path, attn: str) -> None:
     """GPT-2 through TorchScript: K and V pass a one-input Concat (the cache, empty), P a Cast to float, and the
@@ -165,6 +168,7 @@ def test_gpt2_torchscript_export_fuses_causal_attention(tmp_path: Path, attn: st
         assert cosine(a, b) > 0.99999 and float(np.abs(a - b).max()) < 1e-4
 
 
+@pytest.mark.slow
 def test_pv_reshape_that_is_not_the_identity_declines(exports: dict) -> None:
     """TorchScript's SDPA writes Reshape(P V) to the same [B, H, S, D] before the Transpose back; the rule skips it
     only when the probe shows it changes no shape. A Reshape that regroups the heads is a different graph."""
@@ -182,6 +186,7 @@ def test_pv_reshape_that_is_not_the_identity_declines(exports: dict) -> None:
     assert float(np.abs(a - b).max()) < 1e-4
 
 
+@pytest.mark.slow
 def test_block_whose_tensor_is_used_elsewhere_declines(exports: dict) -> None:
     """Shape nodes reading P V are allowed because the Reshape they feed goes with the block; one that feeds a graph
     output would keep the whole unfused block computed next to Attention, so that block is left alone."""
@@ -194,6 +199,7 @@ def test_block_whose_tensor_is_used_elsewhere_declines(exports: dict) -> None:
     assert any("is also used by pv_shape" in r for r in reports["attention"].misses), reports["attention"].misses
 
 
+@pytest.mark.slow
 def test_fuse_stage_on_a_torchscript_onnx_file(exports: dict, tmp_path: Path) -> None:
     """Through the pipeline, as a user brings the file: an `onnx` source with three tokenizer inputs."""
     from optimizer.engine.pipeline import Pipeline

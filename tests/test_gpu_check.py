@@ -248,6 +248,7 @@ def test_dry_run_without_a_gpu_says_why_in_every_field(tmp_path: Path) -> None:
     assert data["gpu_tests"].startswith("not run: --dry-run")
 
 
+@pytest.mark.slow
 def test_injected_dry_run_runs_every_check_and_fills_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {"GPU_CHECK_INJECT": "test_gpu_check:inject",

@@ -353,6 +353,7 @@ def test_triton_config_refuses_a_type_triton_lacks() -> None:
 
 
 # ---------------------------------------------------------------- export --format tensorrt
+@pytest.mark.slow
 def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
     import json
 

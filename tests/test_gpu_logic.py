@@ -46,6 +46,7 @@ def test_runner_reasons_follow_the_target() -> None:
     assert runner_reason(Artifact("torch", None), cuda) == cuda_reason()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(cuda_reason() is None, reason="this test is about a machine without CUDA")
 def test_gpu_passes_skip_with_reasons_and_the_rest_runs(tmp_path: Path) -> None:
     data = mlp_recipe(
@@ -110,6 +111,7 @@ def test_tensorrt_engine_builds_runs_and_records_metadata(tmp_path: Path) -> Non
     assert np.isfinite(records[3].metrics["scenarios"]["b8"]["gpu_latency"]["p50_ms"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(cuda_reason() is None, reason="this test is about a machine without CUDA")
 def test_cuda_recipe_without_cuda_is_a_clear_usage_error(tmp_path: Path) -> None:
     from test_recipe import run_cli

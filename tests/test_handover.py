@@ -99,6 +99,7 @@ def test_changed_artifact_refused(run: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_older_run_id_after_recompile_refused(tmp_path: Path) -> None:
     """`export <old id>`: the folder holds another compile's model now (other weights): refused, exit 2."""
     run = tmp_path / "run"
@@ -218,6 +219,7 @@ def test_export_keeps_a_partial_folder_it_did_not_make(run: Path, tmp_path: Path
 # ----------------------------------------------------------------- 7: interruption and races
 
 
+@pytest.mark.slow
 def test_export_imports_no_torch(run: Path, tmp_path: Path) -> None:
     code = ("import sys; from optimizer.cli.app import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
@@ -228,6 +230,7 @@ def test_export_imports_no_torch(run: Path, tmp_path: Path) -> None:
     assert proc.stdout.strip().splitlines()[-1] == "NO TORCH 0", proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.0, 0.3, 0.8])
 def test_ctrl_c_during_export_leaves_nothing(run: Path, tmp_path: Path, delay: float) -> None:
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
@@ -253,6 +256,7 @@ def test_ctrl_c_during_export_leaves_nothing(run: Path, tmp_path: Path, delay: f
     assert sorted(p.name for p in tmp_path.iterdir()) == (["b", "run"] if proc.returncode == 0 else ["run"])
 
 
+@pytest.mark.slow
 def test_concurrent_exports_into_one_out(run: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     env.pop("OPTIMIZER_DEBUG", None)
@@ -290,6 +294,7 @@ def _slash_model(folder: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "triton"])
 def test_input_name_with_slash_verifies_and_benches(tmp_path: Path, fmt: str) -> None:
     _slash_model(tmp_path)

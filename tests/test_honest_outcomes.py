@@ -37,6 +37,7 @@ def _one_error_line(stderr: str) -> str:
 
 
 # ---------------------------------------------------------------- kill -9
+@pytest.mark.slow
 def test_a_killed_run_does_not_report_ok(tmp_path: Path) -> None:
     """The report is rewritten after every stage; until the run ends it must not say ok."""
     slow = {**mlp_recipe()["benchmark"], "rounds": 40}
@@ -65,6 +66,7 @@ def test_a_killed_run_does_not_report_ok(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- disk full while writing the report
+@pytest.mark.slow
 def test_disk_full_writing_the_report_is_one_line_and_the_results_still_show(tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path, mlp_recipe())
     out = tmp_path / "run"
@@ -101,6 +103,7 @@ def test_disk_full_writing_the_report_is_one_line_and_the_results_still_show(tmp
 
 
 # ---------------------------------------------------------------- the history
+@pytest.mark.slow
 def test_a_corrupt_history_does_not_hide_the_results(tmp_path: Path) -> None:
     history = tmp_path / "history.sqlite"
     history.write_bytes(b"this is not a database" * 100)
@@ -122,6 +125,7 @@ def _history_with_runs(finished_run: Path, path: Path, n: int = 3) -> None:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
+@pytest.mark.slow
 def test_a_page_corrupted_history_is_one_line(finished_run: Path, tmp_path: Path) -> None:
     history = tmp_path / "history.sqlite"
     _history_with_runs(finished_run, history)
@@ -140,6 +144,7 @@ def test_a_page_corrupted_history_is_one_line(finished_run: Path, tmp_path: Path
 
 
 # ---------------------------------------------------------------- reports we cannot compare or read
+@pytest.mark.slow
 def test_unknown_schema_version_is_refused(finished_run: Path, tmp_path: Path) -> None:
     report = json.loads((finished_run / "report.json").read_text())
     report["schema_version"] = 99
@@ -151,6 +156,7 @@ def test_unknown_schema_version_is_refused(finished_run: Path, tmp_path: Path) -
     assert "schema_version 99" in line and str(newer) in line
 
 
+@pytest.mark.slow
 def test_a_v1_report_still_shows_and_diffs_against_a_v2_one(finished_run: Path) -> None:
     """Reports written before schema_version 2 are upgraded when read: `report` and `diff` take them as they are."""
     v1 = TESTS / "data" / "report_v1_minilm.json"
@@ -165,6 +171,7 @@ def test_a_v1_report_still_shows_and_diffs_against_a_v2_one(finished_run: Path) 
     assert json.loads(both.stdout)["a"]["recipe"] == "minilm-cpu"
 
 
+@pytest.mark.slow
 def test_diff_of_runs_of_different_models_says_so(finished_run: Path, tmp_path: Path) -> None:
     report: dict[str, Any] = json.loads((finished_run / "report.json").read_text())
     report["recipe"]["name"] = "other"

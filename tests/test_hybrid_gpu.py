@@ -218,6 +218,7 @@ def test_choice_fp16_floor_then_most_int8_within_budget() -> None:
     assert all(p["cosine"] >= 0.995 for p in points if (p["int8"], p["fp16"]) in ((0, 4), (2, 2)))
 
 
+@pytest.mark.slow
 def test_cuda_recipe_builds_without_a_gpu(tmp_path: Path) -> None:
     """--no-bench: stage 0 of a cuda recipe on a CPU machine is built, not measured, and the hybrid runs."""
     from optimizer.runtime.gpu import ort_cuda_reason

@@ -43,6 +43,7 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120) -> N
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_killed_mid_benchmark_resumes_with_same_numbers(tmp_path: Path, sig: signal.Signals) -> None:
     # Rounds long enough that the signal lands while ort_session is being timed.

@@ -95,6 +95,7 @@ def fake_profile(artifact: Any, recipe: Any, feed: Any, runs: int = 10) -> tuple
     return ops, sum(hist.values())
 
 
+@pytest.mark.slow
 def test_a_fusion_measured_slower_is_left_out_and_onnxruntime_told_not_to_make_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,6 +130,7 @@ def test_a_fusion_measured_slower_is_left_out_and_onnxruntime_told_not_to_make_i
     assert stages["int8"].artifact.runtime["disabled_optimizers"] == ["SkipLayerNormFusion"]
 
 
+@pytest.mark.slow
 def test_without_measure_the_fuse_stage_is_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_timing(*a: Any, **k: Any) -> None:
         raise AssertionError("fuse timed a graph without `measure`")
@@ -172,6 +174,7 @@ def test_triton_config_says_which_fusions_it_cannot_disable() -> None:
     assert "disabled" not in triton_config("m", io, io, _report("cpu", 2), {"graph_optimization_level": "all"})
 
 
+@pytest.mark.slow
 def test_an_ort_session_stage_can_disable_onnxruntime_fusions(tmp_path: Path) -> None:
     """For graphs the fuse pass does not rewrite (a generation artifact's prefill and decode graphs), the same
     choice is an ort_session stage: ORT's fusion off, timed against its parent like any setting."""
@@ -296,6 +299,7 @@ def test_timed_choices_are_cached_per_thread_count(tmp_path: Path) -> None:
     assert hybrid.key_extras(recipe(1)) != hybrid.key_extras(recipe(2))
 
 
+@pytest.mark.slow
 def test_later_ort_session_adds_to_the_fusions_fuse_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from optimizer.runtime.runners import ort_runner
 

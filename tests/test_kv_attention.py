@@ -42,6 +42,7 @@ def fused(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]
     return run(tmp, [{"type": "export"}, {"type": "fuse", "name": "kv", "config": {"rules": ["kv_attention"]}}])
 
 
+@pytest.mark.slow
 def test_every_layer_of_both_graphs_becomes_one_multihead_attention(fused: tuple[Any, dict[str, Any]]) -> None:
     _, stages = fused
     kv, export = stages["kv"], stages["export"]
@@ -62,6 +63,7 @@ def test_every_layer_of_both_graphs_becomes_one_multihead_attention(fused: tuple
     assert kv.artifact.external_data == ["weights.bin"] and kv.artifact.decode == "decode.onnx"
 
 
+@pytest.mark.slow
 def test_fused_generation_matches_the_unfused_one(fused: tuple[Any, dict[str, Any]]) -> None:
     recipe, stages = fused
     check = stages["kv"].notes["check_vs_input"]
@@ -74,6 +76,7 @@ def test_fused_generation_matches_the_unfused_one(fused: tuple[Any, dict[str, An
     assert max(float(np.abs(x - y).max()) for x, y in zip(a.step_logits, b.step_logits, strict=True)) < 1e-4
 
 
+@pytest.mark.slow
 def test_padding_in_the_attention_mask_is_honoured(fused: tuple[Any, dict[str, Any]]) -> None:
     """The rule keeps the attention_mask as MultiHeadAttention's key_padding_mask: a left-padded row's logits are
     the unfused graph's (and differ from the same row unpadded, so the mask is not ignored)."""
@@ -91,6 +94,7 @@ def test_padding_in_the_attention_mask_is_honoured(fused: tuple[Any, dict[str, A
     assert np.abs(unpadded[1] - got[1]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_a_layer_that_does_not_match_is_left_with_the_reason(fused: tuple[Any, dict[str, Any]]) -> None:
     """present.0.key written as Concat(new, past): not the cache layout MultiHeadAttention appends to."""
     _, stages = fused
@@ -115,6 +119,7 @@ def _scores_add(model: Any) -> Any:
     return made[softmax.input[0]]
 
 
+@pytest.mark.slow
 def test_a_mask_that_reads_other_inputs_or_no_mask_is_left(fused: tuple[Any, dict[str, Any]]) -> None:
     """What the rewrite drops must be a causal + padding mask: one that reads another input by value (here the
     token ids), or none at all (not causal), keeps its layer unfused."""
@@ -132,6 +137,7 @@ def test_a_mask_that_reads_other_inputs_or_no_mask_is_left(fused: tuple[Any, dic
     assert _decline(model) == ["kv attention of layer 0: no additive mask on the scores: not causal attention"]
 
 
+@pytest.mark.slow
 def test_a_wrong_rewrite_fails_the_stage_and_keeps_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,6 +171,7 @@ def test_other_targets_and_rules_say_why_they_do_not_run(tmp_path: Path) -> None
     assert FusePass(FuseConfig()).skip_reason(gen, ctx) is None
 
 
+@pytest.mark.slow
 def test_default_rules_on_a_generation_artifact_report_which_did_not_run(tmp_path: Path) -> None:
     _, stages = run(tmp_path, [{"type": "export"}, {"type": "fuse"}])
     rules = stages["fuse"].notes["rules"]
@@ -176,6 +183,7 @@ def test_default_rules_on_a_generation_artifact_report_which_did_not_run(tmp_pat
     assert any(o.domain == "com.microsoft" for o in model.opset_import)
 
 
+@pytest.mark.slow
 def test_llama_rotary_keys_are_left_with_the_reason(tmp_path: Path) -> None:
     """Llama rotates its keys after the head split (and shares KV heads): not this rule's pattern."""
     _, stages = run(tmp_path, [{"type": "export"}, {"type": "fuse", "config": {"rules": ["kv_attention"]}}], LLAMA)
@@ -187,6 +195,7 @@ def test_llama_rotary_keys_are_left_with_the_reason(tmp_path: Path) -> None:
     assert "MultiHeadAttention" not in onnx_io.op_histogram(fuse.artifact.decode_path())
 
 
+@pytest.mark.slow
 def test_a_rewrite_that_drops_the_padding_fails_on_the_padded_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -84,6 +84,7 @@ def test_parent_and_nested_stage_runs_read_back(run_dir: Path, tmp_path: Path,
     assert source.params["model.source"] == "hf_folder" and "b1-s512/vs_parent" not in source.metrics
 
 
+@pytest.mark.slow
 def test_sqlite_store_keeps_artifacts_beside_the_database(run_dir: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("sqlalchemy")
@@ -117,6 +118,7 @@ def test_flatten_config() -> None:
         "config.mode": "hybrid", "config.calibration.samples": "16", "config.ops": '["MatMul"]'}
 
 
+@pytest.mark.slow
 def test_a_server_that_is_down_fails_in_seconds(run_dir: Path) -> None:
     """After a compile, a store that went down is a warning within seconds (MLflow alone retries ~4 min)."""
     import time

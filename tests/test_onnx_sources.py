@@ -72,6 +72,7 @@ EVERY_PASS = [{"type": "export"}, {"type": "ort_session"}, {"type": "fuse"},
               {"type": "quantize", "config": {"mode": "int8_dynamic"}}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("location", [None, "weights/m.bin"], ids=["beside", "subfolder"])
 def test_external_data_source_through_every_pass(tmp_path: Path, location: str | None) -> None:
     model = external_model(tmp_path / "model", location=location)
@@ -88,6 +89,7 @@ def test_external_data_source_through_every_pass(tmp_path: Path, location: str |
     assert records["quantize"].metrics["accuracy"]["y"]["cosine"] > 0.99
 
 
+@pytest.mark.slow
 def test_every_quantize_mode_reads_the_sources_external_data(tmp_path: Path) -> None:
     """Each straight from stage 0: the source's graph is never copied without the weights it names (hybrid with
     nothing within budget keeps the input as it is)."""
@@ -105,6 +107,7 @@ def test_every_quantize_mode_reads_the_sources_external_data(tmp_path: Path) -> 
     assert not list((tmp_path / "out").rglob("m.bin")), "the source's weights copied along were left behind"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("location", ["m.onnx.data", "m.onnx_data"])  # torch's name, optimum's name
 def test_external_data_bytes_are_in_the_cache_key(tmp_path: Path, location: str) -> None:
     model = external_model(tmp_path / "model", location=location)
@@ -140,6 +143,7 @@ def test_external_data_outside_the_models_folder_is_refused(tmp_path: Path, wher
     assert source.notes["error_kind"] == "input"  # a usage error: compile and compare exit 2
 
 
+@pytest.mark.slow
 def test_compile_and_compare_refuse_data_outside_the_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = external_model(tmp_path / "good")
     bad = external_model(tmp_path / "bad")
@@ -162,6 +166,7 @@ def run_compare(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, st
     return int(exited.value.code or 0), out.out, out.err
 
 
+@pytest.mark.slow
 def test_compare_models_with_external_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = external_model(tmp_path / "a", seed=0)
     b = external_model(tmp_path / "b", seed=0)
@@ -181,6 +186,7 @@ def test_compare_models_with_external_data(tmp_path: Path, capsys: pytest.Captur
     assert json.loads(stdout)["accuracy"]["y"]["max_abs"] > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("location", [None, "weights/m.bin"], ids=["beside", "subfolder"])
 def test_bundles_of_an_external_data_source_carry_the_weights(tmp_path: Path, location: str | None) -> None:
     from optimizer.deploy.bundle import export_bundle, verify_bundle

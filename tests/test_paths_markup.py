@@ -96,6 +96,7 @@ def test_write_probe_never_follows_a_planted_name(tmp_path: Path) -> None:
     assert victim.read_text() == "precious"
 
 
+@pytest.mark.slow
 def test_stage_zero_reference_never_follows_a_planted_temp_name(tmp_path: Path) -> None:
     from optimizer.engine.pipeline import Pipeline
     from optimizer.recipe.loading import load_recipe
@@ -141,6 +142,7 @@ def test_model_flow_refuses_a_users_folder_before_writing(tmp_path: Path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leftover", ["lock only", "stage folder, no lock", "recipe.yaml only"])
 def test_run_folders_still_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str], leftover: str) -> None:
     """A compile killed early (only its lock), a run folder of an older version (no lock) and a folder with
@@ -177,6 +179,7 @@ def test_error_keeps_brackets_in_a_path(tmp_path: Path, capsys: pytest.CaptureFi
     assert str(path) in one_error_line(err)
 
 
+@pytest.mark.slow
 def test_compile_out_with_closing_tag_then_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     history = tmp_path / "history.sqlite"
     out = tmp_path / "runs" / "r[/x]"

@@ -89,6 +89,7 @@ def test_rerun_is_cached_with_identical_numbers(first_run: tuple[Path, Path, dic
         assert a["metrics"] == b["metrics"]
 
 
+@pytest.mark.slow
 def test_editing_the_last_pass_reruns_only_it(tmp_path: Path) -> None:
     data = mlp_recipe()
     path = write_recipe(tmp_path, data)
@@ -102,6 +103,7 @@ def test_editing_the_last_pass_reruns_only_it(tmp_path: Path) -> None:
     assert stage(second, "ort_session")["metrics"]["runtime"]["graph_optimization_level"] == "basic"
 
 
+@pytest.mark.slow
 def test_branches_are_measured_against_their_named_parent(tmp_path: Path) -> None:
     data = mlp_recipe(
         passes=[
@@ -118,6 +120,7 @@ def test_branches_are_measured_against_their_named_parent(tmp_path: Path) -> Non
     assert stage(report, "ort_all")["vs_source"]["b1"] == pytest.approx(exp_ratio * own)
 
 
+@pytest.mark.slow
 def test_failed_export_is_recorded_and_the_report_written(tmp_path: Path) -> None:
     data = mlp_recipe(model={"source": "factory", "target": "tiny_models:data_dependent"})
     report = compile_recipe(write_recipe(tmp_path, data), tmp_path / "out")
@@ -151,6 +154,7 @@ def tiny_onnx(path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
+@pytest.mark.slow
 def test_onnx_source_skips_export_with_reason(tmp_path: Path) -> None:
     tiny_onnx(tmp_path / "tiny.onnx")
     data = mlp_recipe(
@@ -175,6 +179,7 @@ def test_input_name_the_model_does_not_take(tmp_path: Path) -> None:
     assert "inputs[0].name: 'pixels' is not an input of MLP.forward (it takes: x)" in src["reason"]
 
 
+@pytest.mark.slow
 def test_memory_is_probed_in_a_fresh_process_per_stage(tmp_path: Path) -> None:
     """Default memory measurement: each stage served once in a new process. An MLP with 64 MiB of weights
     (16 x 4096 + 4096 x 4096 floats) costs at least its weights in every stage, PyTorch and ONNX alike, and

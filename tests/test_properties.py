@@ -33,6 +33,7 @@ def _parse(data: dict[str, Any]) -> Any:
     return parse_recipe(data, "r.yaml", Path("."))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(name=NAMES, where=st.sampled_from(["recipe", "stage", "scenario"]))
 def test_any_name_is_refused_or_stays_inside_the_run_folder(name: str, where: str, tmp_path: Path) -> None:
@@ -108,6 +109,7 @@ MANIFESTS = st.one_of(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(manifest=MANIFESTS)
 def test_verify_never_reads_outside_and_never_blows_up(manifest: Any, tmp_path: Path,
@@ -150,6 +152,7 @@ def _places(x: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 PLACES = _places(REPORT_V1)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(place=st.sampled_from(PLACES), value=JSON, version=st.sampled_from([1, 2]))
 def test_any_damage_to_a_report_reads_or_is_one_line(place: tuple[Any, ...], value: Any, version: int) -> None:

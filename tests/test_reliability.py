@@ -46,6 +46,7 @@ def compile_cli(recipe: Path, out: Path) -> tuple[int, str, dict]:
     return proc.returncode, proc.stderr, report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["truncated", "not_onnx", "unknown_op", "fails_checker"])
 def test_bad_onnx_models_fail_stage_0_with_the_reason(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "model.onnx"
@@ -77,6 +78,7 @@ def test_bad_onnx_models_fail_stage_0_with_the_reason(tmp_path: Path, kind: str)
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_input_name_mismatch_is_a_usage_error(tmp_path: Path) -> None:
     data = mlp_recipe(inputs=[{"name": "pixels", "dtype": "float32", "shape": ["batch", 16]}])
     recipe = write_recipe(tmp_path, data)
@@ -85,6 +87,7 @@ def test_input_name_mismatch_is_a_usage_error(tmp_path: Path) -> None:
     assert stderr.strip() == (f"error: {recipe}: inputs[0].name: 'pixels' is not an input of MLP.forward (it takes: x)")
 
 
+@pytest.mark.slow
 def test_scenario_longer_than_the_model_takes(tmp_path: Path) -> None:
     data = mlp_recipe(
         model={
@@ -108,6 +111,7 @@ def test_scenario_longer_than_the_model_takes(tmp_path: Path) -> None:
     assert "scenarios[1].seq: 128 is longer than the model takes (its positions stop at 64); use seq <= 64" in stderr
 
 
+@pytest.mark.slow
 def test_on_failure_continue_runs_later_stages_from_the_last_good_artifact(tmp_path: Path) -> None:
     data = mlp_recipe(
         on_failure="continue", passes=[{"type": "export", "config": {"min_cosine": 1.5}}, {"type": "ort_session"}]
@@ -138,6 +142,7 @@ def test_unwritable_run_folder_is_a_clear_error(tmp_path: Path) -> None:
         RunDir(blocker / "out").prepare()
 
 
+@pytest.mark.slow
 def test_external_data_through_every_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Models past 2 GB keep their weights in a side file; the threshold is lowered to exercise that path."""
     monkeypatch.setattr(onnx_io, "EXTERNAL_DATA_THRESHOLD", 1024)
@@ -190,6 +195,7 @@ def test_bad_recipe_classes_exit_2_with_one_line(tmp_path: Path, change, field: 
     assert lines[0].startswith(f"error: {recipe}: {field}: ") and words in lines[0]
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_pass_keeps_earlier_stages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 

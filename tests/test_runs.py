@@ -31,6 +31,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     return tmp, history, a, b
 
 
+@pytest.mark.slow
 def test_runs_are_recorded_and_listed(two_runs: tuple[Path, Path, Path, Path]) -> None:
     _, history, a, b = two_runs
     proc = run_cli("--history", str(history), "runs")
@@ -38,6 +39,7 @@ def test_runs_are_recorded_and_listed(two_runs: tuple[Path, Path, Path, Path]) -
     assert str(a) in proc.stdout and str(b) in proc.stdout and "tiny-mlp" in proc.stdout
 
 
+@pytest.mark.slow
 def test_diff_by_id_and_folder(two_runs: tuple[Path, Path, Path, Path]) -> None:
     _, history, a, b = two_runs
     by_id = run_cli("--history", str(history), "diff", "1", "2", "--format", "json")
@@ -61,6 +63,7 @@ def test_diff_by_id_and_folder(two_runs: tuple[Path, Path, Path, Path]) -> None:
     assert table.returncode == 0 and "final stage ort_session" in table.stdout
 
 
+@pytest.mark.slow
 def test_fail_on_regression_gate(two_runs: tuple[Path, Path, Path, Path]) -> None:
     tmp, history, a, _ = two_runs
     report = json.loads((a / "report.json").read_text())
@@ -85,6 +88,7 @@ def test_fail_on_regression_gate(two_runs: tuple[Path, Path, Path, Path]) -> Non
     assert same.returncode == 0
 
 
+@pytest.mark.slow
 def test_bundle_export_verify_and_tamper(two_runs: tuple[Path, Path, Path, Path]) -> None:
     tmp, history, a, _ = two_runs
     bundle = tmp / "bundle"
@@ -120,6 +124,7 @@ def test_bundle_export_verify_and_tamper(two_runs: tuple[Path, Path, Path, Path]
     assert "model.onnx: sha256 differs from the manifest" in bad.stderr
 
 
+@pytest.mark.slow
 def test_triton_bundle_and_best_stage(two_runs: tuple[Path, Path, Path, Path]) -> None:
     tmp, history, a, _ = two_runs
     repo = tmp / "triton"
@@ -140,6 +145,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed (apt-get install chromium)")
 def test_html_report_renders_with_its_charts(two_runs: tuple[Path, Path, Path, Path]) -> None:
     _, _, a, _ = two_runs

@@ -150,6 +150,7 @@ def _compile(tmp_path: Path, passes: list[dict[str, Any]]) -> RunReport:
     return build_report(recipe, Pipeline(recipe, tmp_path / "run").execute(), tmp_path / "run", 1.0)
 
 
+@pytest.mark.slow
 def test_end_to_end_different_winners_and_a_loss_to_pytorch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _slowed(monkeypatch, {"source": {1: 12.0, 8: 4.0}, "export": {1: 12.0, 8: 12.0},
                           "short": {1: 2.0, 8: 8.0}, "long": {1: 10.0, 8: 2.0}})

@@ -45,6 +45,7 @@ def test_weights_presets_and_parsing() -> None:
         parse_weights("speed=1")
 
 
+@pytest.mark.slow
 def test_scores_are_the_weighted_normalized_terms(swept: tuple[RunReport, Path]) -> None:
     report, _ = swept
     w = PRESETS["seed-latency"]
@@ -70,6 +71,7 @@ def test_scores_are_the_weighted_normalized_terms(swept: tuple[RunReport, Path])
     assert deployability(stage["int8"]) == 0.5
 
 
+@pytest.mark.slow
 def test_recommendation_never_picks_a_rejected_stage(swept: tuple[RunReport, Path]) -> None:
     report, _ = swept
     rejected = copy.deepcopy(report)
@@ -86,6 +88,7 @@ def test_recommendation_never_picks_a_rejected_stage(swept: tuple[RunReport, Pat
     assert len(flagged) == tops.count(best)
 
 
+@pytest.mark.slow
 def test_select_cli(swept: tuple[RunReport, Path]) -> None:
     _, out = swept
     for weights in ("seed-latency", "seed-deploy"):
@@ -96,6 +99,7 @@ def test_select_cli(swept: tuple[RunReport, Path]) -> None:
     assert bad.returncode == 2 and "--weights: unknown term 'speed'" in bad.stderr
 
 
+@pytest.mark.slow
 def test_batch_sweep_and_recommendation(swept: tuple[RunReport, Path]) -> None:
     report, out = swept
     sweep = report.batch_sweep
@@ -116,6 +120,7 @@ def test_batch_sweep_and_recommendation(swept: tuple[RunReport, Path]) -> None:
     assert "max_batch_size: 16" in config and f"preferred_batch_size: [ {sweep.preferred_batch} ]" in config
 
 
+@pytest.mark.slow
 def test_scenario_summary_has_every_stage_and_scenario(swept: tuple[RunReport, Path]) -> None:
     report, _ = swept
     head, rows = scenario_summary(report)

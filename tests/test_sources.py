@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import FAST_BENCH, write_recipe
 
 from optimizer.engine.pipeline import Pipeline
 from optimizer.recipe.loading import load_recipe
 
 
+@pytest.mark.slow
 def test_bert_from_config_exports_and_matches(tmp_path: Path) -> None:
     data = {
         "name": "tiny-bert",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import mlp_recipe, write_recipe
 
 from optimizer.engine.pipeline import Pipeline
@@ -28,6 +29,7 @@ def _compile(tmp_path: Path) -> tuple[dict, dict]:
     return {r.name: r for r in records}, {s["name"]: s for s in report["stages"]}
 
 
+@pytest.mark.slow
 def test_a_pass_that_changes_nothing_reads_unchanged_and_is_not_timed(tmp_path: Path) -> None:
     records, stages = _compile(tmp_path)
     fuse = records["nothing_to_fuse"]

@@ -30,6 +30,7 @@ def _matmul_onnx(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_memory_probe_after_onnxruntime_quantization_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`import onnxruntime.quantization` puts onnxruntime/transformers (with its optimizer.py) on sys.path: the probe's
     child imported that as `optimizer` and the stage's memory fell back to the in-process estimate."""
@@ -136,6 +137,7 @@ def test_small_sizes_keep_their_digits() -> None:
 
 
 # ---------------------------------------------------------------- an export failure keeps its cause
+@pytest.mark.slow
 def test_a_failed_export_names_the_data_dependent_expression_and_the_line(tmp_path: Path) -> None:
     """The reason was torch's banner ("... This is step 1/3 ... Next steps:") with its colour codes."""
     from conftest import write_recipe
@@ -161,6 +163,7 @@ def test_error_line_skips_banners_and_keeps_plain_first_lines() -> None:
 
 
 # ---------------------------------------------------------------- no profiler chatter in the terminal
+@pytest.mark.slow
 def test_the_torch_profiler_prints_no_usdt_lines_and_other_native_output_goes_through() -> None:
     import subprocess
 

@@ -132,6 +132,7 @@ def test_accuracy_output_of_an_onnx_source_checked_at_load(tmp_path: Path) -> No
     refused(data, tmp_path, "accuracy.output", "'y'")
 
 
+@pytest.mark.slow
 def test_accuracy_output_of_a_torch_model_fails_stage_0(tmp_path: Path) -> None:
     """The outputs of a PyTorch model are known once it runs: stage 0 fails with the field and the outputs, the
     other stages do not run, and the compile exits 2."""
@@ -189,6 +190,7 @@ def test_feeds_that_cannot_be_held_are_one_error(tmp_path: Path, monkeypatch: py
         inputs.build_feeds(parse_recipe(data, "x.yaml", tmp_path), 10**6)
 
 
+@pytest.mark.slow
 def test_sweep_skips_a_batch_that_cannot_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from optimizer.engine import sweep as sweep_module
     from optimizer.engine.pipeline import Pipeline
@@ -237,6 +239,7 @@ def few_rounds_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "run"
 
 
+@pytest.mark.slow
 def test_run_folder_json_is_strict_and_reads_back(few_rounds_run: Path) -> None:
     from optimizer.report.schema import read_report
 
@@ -249,6 +252,7 @@ def test_run_folder_json_is_strict_and_reads_back(few_rounds_run: Path) -> None:
     assert entry is not None and entry.median_ci_halfwidth is None
 
 
+@pytest.mark.slow
 def test_nulls_keep_the_cache(few_rounds_run: Path) -> None:
     """metrics.json read back with null where it was measured as inf still matches its checksum: served from the
     cache, not measured again."""
@@ -260,6 +264,7 @@ def test_nulls_keep_the_cache(few_rounds_run: Path) -> None:
     assert all(r.status == "cached" for r in records[1:]), [r.status for r in records]
 
 
+@pytest.mark.slow
 def test_manifest_is_strict(few_rounds_run: Path, tmp_path: Path) -> None:
     from optimizer.deploy.bundle import MANIFEST, export_bundle
     from optimizer.report.schema import read_report
@@ -286,6 +291,7 @@ def _zero_latencies(run: Path, tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_diff_and_select_of_zero_latencies_are_one_line(few_rounds_run: Path, tmp_path: Path) -> None:
     from optimizer.report.diff import diff_reports
     from optimizer.report.schema import read_report

@@ -293,6 +293,7 @@ class SlowPass(Pass):
         return PassResult(artifact.derive(path=path), modified=True)
 
 
+@pytest.mark.slow
 def test_a_slower_child_reads_below_one_with_its_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from optimizer.core import registry
     from optimizer.report.build import build_report
@@ -372,6 +373,7 @@ def sensitive_chain(path: Path, layers: int = 10, width: int = 64) -> list[str]:
     return [f"matmul_{i}" for i in SENSITIVE]
 
 
+@pytest.mark.slow
 def test_hybrid_keeps_exactly_the_sensitive_matmuls_in_fp32(tmp_path: Path) -> None:
     sensitive = sensitive_chain(tmp_path / "chain.onnx")
     hybrid = {"mode": "hybrid", "calibration": {"samples": 8}, "hybrid": {"choose": "most_int8", "margin": 0.0}}
@@ -387,6 +389,7 @@ def test_hybrid_keeps_exactly_the_sensitive_matmuls_in_fp32(tmp_path: Path) -> N
     assert q.metrics["within_budget"], q.metrics["budget"]
 
 
+@pytest.mark.slow
 def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_path: Path) -> None:
     """A/A on two real compiles of an ONNX chain (calls of about a millisecond), then one pass's interleaved ratio
     made 3x worse. The main job's own A/A, in separate processes, is scripts/aa_diff.py."""
@@ -432,6 +435,7 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
     assert "Why `ort_session` moved, by op type" in diff_markdown(slowed_diff)
 
 
+@pytest.mark.slow
 def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_path: Path) -> None:
     """Sqrt of inputs in [-1, 1]: stage 0 itself gives NaN, so NaN-agrees-with-NaN must not pass silently."""
     from optimizer.deploy.bundle import export_bundle, verify_bundle
@@ -455,6 +459,7 @@ def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_pa
     assert any("contain NaN/inf" in p for p in verify_bundle(bundle))
 
 
+@pytest.mark.slow
 def test_verify_reads_only_inside_the_bundle_and_reports_strays(tmp_path: Path) -> None:
     import json
 
@@ -483,6 +488,7 @@ def test_verify_reads_only_inside_the_bundle_and_reports_strays(tmp_path: Path) 
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_cache_follows_file_content_and_rebuilds_damaged_stages(tmp_path: Path) -> None:
     """An ONNX source replaced in place is not served from the cache; a stage whose model file was deleted or
     truncated is rebuilt, and says so."""
@@ -607,6 +613,7 @@ def test_one_slow_session_of_an_unchanged_artifact_is_not_a_verdict() -> None:
     assert widened(raw.ratio, raw.low, raw.high, spread.variance, spread.factor, 2)[2] == "faster"
 
 
+@pytest.mark.slow
 def test_twin_sessions_in_a_compile_and_a_stage_whose_twin_cannot_load(tmp_path: Path, monkeypatch: Any) -> None:
     """A compile runs two sessions a side: metrics.json keeps each stage's in-run interval and its reading of the
     spread; the report widens the interval. A twin that cannot load (a GPU with room for one engine a side) leaves

@@ -63,6 +63,7 @@ def weights_file(rec: Any) -> int:
     return (rec.artifact.path.parent / "weights.bin").stat().st_size
 
 
+@pytest.mark.slow
 def test_weight_only_packs_every_weight_matmul_of_both_graphs(gen_run: tuple[Any, dict[str, Any]]) -> None:
     _, stages = gen_run
     for name, bits in (("w4", 4), ("w8", 8)):
@@ -85,6 +86,7 @@ def test_weight_only_packs_every_weight_matmul_of_both_graphs(gen_run: tuple[Any
     assert 0.35 < w4["weight_bytes"]["ratio"] < 0.45 and w4["weight_bytes"]["ratio"] < w8["weight_bytes"]["ratio"] < 0.6
 
 
+@pytest.mark.slow
 def test_weight_only_weights_file_shrinks_and_stays_shared(gen_run: tuple[Any, dict[str, Any]]) -> None:
     _, stages = gen_run
     export, w4, w8 = (weights_file(stages[n]) for n in ("export", "w4", "w8"))
@@ -105,6 +107,7 @@ def test_weight_only_weights_file_shrinks_and_stays_shared(gen_run: tuple[Any, d
         assert len(offsets[0] & offsets[1]) >= PACKED_PER_GRAPH  # the packed weights written once, read by both
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,bits", [("w4", 4), ("w8", 8)])
 def test_weight_only_token_agreement_with_the_fp32_export(
     gen_run: tuple[Any, dict[str, Any]], name: str, bits: int
@@ -122,6 +125,7 @@ def test_weight_only_token_agreement_with_the_fp32_export(
     assert agreement["token_agreement"] >= BUDGET[bits], agreement
 
 
+@pytest.mark.slow
 def test_weight_only_on_a_forward_graph(tmp_path: Path) -> None:
     passes = [{"type": "export"}, {"type": "quantize", "config": {"mode": "weight_only", "weight_only": {"bits": 8}}}]
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(passes=passes)))
@@ -203,6 +207,7 @@ def test_session_options_spinning_and_threads() -> None:
     assert session_options({"intra_op_threads": 1}, 2).intra_op_num_threads == 1
 
 
+@pytest.mark.slow
 def test_no_spin_stage_reaches_both_generation_sessions(gen_run: tuple[Any, dict[str, Any]]) -> None:
     recipe, stages = gen_run
     no_spin, later, export = stages["no_spin"], stages["after_no_spin"], stages["export"]

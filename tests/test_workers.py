@@ -52,6 +52,7 @@ def window(host: str, start: float, end: float, what: str = "x") -> dict[str, An
 
 
 # ------------------------------------------------------------ the bench slot
+@pytest.mark.slow
 def test_bench_slot_excludes_a_second_process() -> None:
     procs = [
         subprocess.Popen([sys.executable, "-c", HOLD, f"p{i}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -160,6 +161,7 @@ def test_history_is_written_by_the_driver_alone(compiled: dict[str, Any], tmp_pa
 
 
 # ------------------------------------------------------------ another host
+@pytest.mark.slow
 def test_a_worker_on_another_host_hands_its_folder_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from optimizer.engine.jobs import Job, merge_phases, receive, run_phase
     from optimizer.recipe.loading import load_recipe
@@ -215,6 +217,7 @@ def test_ctx_time_holds_the_bench_slot(tmp_path: Path, monkeypatch: pytest.Monke
     assert [w.what for w in seen] == ["int8_hybrid hybrid timing"] and result["speedup"] == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_pool_hands_each_stage_end_to_the_driver(tmp_path: Path) -> None:
     """The driver gets each recipe's records as its stages end (before run_pool returns), so it can write the
     in-progress report a serial compile writes: `optimizer report RUN` during a pooled compile."""
@@ -240,6 +243,7 @@ def test_pool_hands_each_stage_end_to_the_driver(tmp_path: Path) -> None:
     assert set(outcomes) == {"incomplete"}
 
 
+@pytest.mark.slow
 def test_ctrl_c_starts_no_queued_recipe(tmp_path: Path) -> None:
     """Ctrl-C during `--workers 2` with 3 recipes: the queued third never starts, the two running stop, and the
     summary counts what did finish cleanly."""

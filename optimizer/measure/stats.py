@@ -15,20 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import stdtrit  # Student's t quantile (scipy.stats itself takes a second to import)
+from scipy.special import bdtr, stdtrit  # binomial CDF, Student's t quantile (scipy.stats takes a second to import)
 
 from optimizer.core.metrics import Latency
-
-
-def _binom_cdf(n: int, p: float) -> np.ndarray:
-    """P(B <= k) for k = 0..n, B ~ Binomial(n, p), through log-gamma (no scipy needed for one table)."""
-    k = np.arange(n + 1)
-    logpmf = (
-        np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-        + k * math.log(p)
-        + (n - k) * math.log1p(-p)
-    )
-    return np.cumsum(np.exp(logpmf))
 
 
 def quantile_ci(samples: list[float] | np.ndarray, q: float, confidence: float = 0.95) -> tuple[float, float] | None:
@@ -40,7 +29,7 @@ def quantile_ci(samples: list[float] | np.ndarray, q: float, confidence: float =
     if n < 2:
         return None
     alpha = (1 - confidence) / 2
-    cdf = _binom_cdf(n, q)
+    cdf = bdtr(np.arange(n + 1), n, q)  # P(B <= k), B ~ Binomial(n, q)
     lower = int(np.searchsorted(cdf, alpha, side="right"))  # x(lower), 1-based rank lower: P(B < lower) <= alpha
     upper = int(np.searchsorted(cdf, 1 - alpha, side="left")) + 1  # P(B < upper) >= 1 - alpha
     if lower < 1 or upper > n:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.core.names import unique_name
+
 MS = "com.microsoft"
 MASK_FILTER = -10000.0  # the Attention op's mask_filter_value default: (1 - mask) * -10000 added to the scores
 
@@ -112,12 +114,7 @@ def _core(node: Any, w: np.ndarray, b: np.ndarray, hidden: int, heads: int, grap
     def t(suffix: str) -> str:
         """A name of this node's rewrite, `<node>_<suffix>` unless the graph already has it."""
         if suffix not in made:
-            name, i = f"{n}_{suffix}", 0
-            while name in taken:
-                i += 1
-                name = f"{n}_{suffix}_{i}"
-            taken.add(name)
-            made[suffix] = name
+            made[suffix] = unique_name(f"{n}_{suffix}", taken)
         return made[suffix]
 
     consts = {

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.core.names import unique_name
+
 MS = "com.microsoft"
 # Producers whose output is an affine map with per-channel gamma (input 1 / 2) and beta (input 2 / 3).
 LAYER_NORMS = {"LayerNormalization": (1, 2), "SkipLayerNormalization": (2, 3)}
@@ -192,11 +194,8 @@ def _insert_mul(model: Any, g: Group, s: np.ndarray, consumers: dict[str, list[A
     from onnx import helper, numpy_helper
 
     taken = {n.name for n in model.graph.node} | {o for n in model.graph.node for o in n.output}
-    base = f"{g.nodes[0]}_smooth"
-    name, i = base, 0
-    while name in taken or f"{name}_out" in taken:
-        i += 1
-        name = f"{base}_{i}"
+    # The Mul is `name` and writes `name_out`: a name is taken when either is.
+    name = unique_name(f"{g.nodes[0]}_smooth", taken | {t.removesuffix("_out") for t in taken})
     model.graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), f"{name}_inv_scale"))
     mul = helper.make_node("Mul", [g.tensor, f"{name}_inv_scale"], [f"{name}_out"], name=name)
     for reader in consumers.get(g.tensor, []):

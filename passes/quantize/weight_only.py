@@ -29,6 +29,7 @@ from pydantic import Field, field_validator
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
+from optimizer.core.names import unique_name
 from optimizer.core.pass_base import PassConfig, PassContext
 
 QUANTIZER_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
@@ -148,14 +149,6 @@ def _attr(node: Any, name: str, default: float) -> float:
     return default
 
 
-def _fresh(base: str, names: set[str]) -> str:
-    name, i = base, 1
-    while name in names:
-        name, i = f"{base}_{i}", i + 1
-    names.add(name)
-    return name
-
-
 def _gemm_as_matmul(node: Any, inits: dict[str, Any], names: set[str], graph: Any) -> list[Any] | str:
     """Gemm(A, B, C) = alpha * A @ op(B) + beta * C as MatMul(A, W) [+ Add(C')], W = alpha * op(B) a new
     initializer when it differs from B (B may feed other nodes); or why not."""
@@ -174,21 +167,21 @@ def _gemm_as_matmul(node: Any, inits: dict[str, Any], names: set[str], graph: An
     if _attr(node, "transB", 0) or alpha != 1.0:
         w = numpy_helper.to_array(weight)
         w = (w.T if _attr(node, "transB", 0) else w) * np.asarray(alpha, dtype=w.dtype)
-        w_name = _fresh(f"{node.input[1]}_kn", names)
+        w_name = unique_name(f"{node.input[1]}_kn", names)
         graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), w_name))
         inits[w_name] = graph.initializer[-1]
     if bias is not None and beta != 1.0:
         c = numpy_helper.to_array(inits[bias])
-        bias = _fresh(f"{bias}_beta", names)
+        bias = unique_name(f"{bias}_beta", names)
         graph.initializer.append(numpy_helper.from_array(c * np.asarray(beta, dtype=c.dtype), bias))
         inits[bias] = graph.initializer[-1]
     out = node.output[0]
     if bias is None:  # the MatMul keeps the Gemm's name, so exclude_nodes and the notes name it as before
         return [helper.make_node("MatMul", [node.input[0], w_name], [out], name=node.name)]
-    mid = _fresh(f"{out}_matmul", names)
+    mid = unique_name(f"{out}_matmul", names)
     return [
         helper.make_node("MatMul", [node.input[0], w_name], [mid], name=node.name),
-        helper.make_node("Add", [mid, bias], [out], name=_fresh(f"{node.name}_bias", names)),
+        helper.make_node("Add", [mid, bias], [out], name=unique_name(f"{node.name}_bias", names)),
     ]
 
 
@@ -206,7 +199,7 @@ def _fold_transpose(
     if len(source.dims) != 2 or (perm and list(perm[0]) != [1, 0]):
         return None
     if node.input[0] not in folded:
-        name = _fresh(f"{node.input[0]}_T", names)
+        name = unique_name(f"{node.input[0]}_T", names)
         graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(source).T), name))
         inits[name] = graph.initializer[-1]
         folded[node.input[0]] = name
