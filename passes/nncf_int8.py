@@ -50,6 +50,10 @@ class NncfInt8Pass(Pass):
     Config = NncfInt8Config
     consumes = frozenset({"openvino"})
     version = 1
+
+    def key_extras(self, recipe: Any) -> dict[str, Any] | None:
+        """7-bit weights on every layer on x86 without VNNI: not the artifact a VNNI machine builds."""
+        return {"overflow_fix": "enable"} if int8_reduce_range()[0] else None
     requires = ("openvino", "nncf")
 
     @classmethod
@@ -105,7 +109,10 @@ class NncfInt8Pass(Pass):
         ctx.progress("NNCF: calibrating", 0, 0)
         # x86 without VNNI: 8-bit weights saturate the u8s8 kernels; NNCF's overflow fix (7-bit weights) is then
         # applied to every layer, not only the first as by default (runtime.cpu_features)
-        reduce, reduce_why = int8_reduce_range()
+        reduce, _ = int8_reduce_range()
+        reduce_why = ("this x86 CPU has no VNNI: OpenVINO's INT8 kernels then saturate 8-bit weights as ONNX "
+                      "Runtime's do, so every layer gets 7-bit weights (NNCF's default fixes the first only)"
+                      if reduce else "the CPU has VNNI (or is not x86): NNCF's default, the first layer only")
         from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
         overflow = OverflowFix.ENABLE if reduce else OverflowFix.FIRST_LAYER

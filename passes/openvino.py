@@ -34,10 +34,12 @@ class OpenVinoConfig(PassConfig):
     )
     performance_hint: Literal["latency", "throughput"] | None = Field(
         default=None, description="PERFORMANCE_HINT; none: as the input stage (latency if it is not OpenVINO)")
-    streams: int | None = Field(default=None, ge=1, le=1024, description="NUM_STREAMS; none: as the hint chooses")
+    streams: int | None = Field(
+        default=None, ge=1, le=1024, description="NUM_STREAMS; none: as the input stage (as the hint chooses if unset)")
     denormals: bool | None = Field(
         default=None,
-        description="OpenVINO's CPU_DENORMALS_OPTIMIZATION (flush denormal floats to zero); none: OpenVINO's default",
+        description="OpenVINO's CPU_DENORMALS_OPTIMIZATION (flush denormal floats to zero); none: as the input stage "
+        "(OpenVINO's default if none set it)",
     )
     static_shapes: bool | None = Field(
         default=None,
@@ -51,7 +53,7 @@ class OpenVinoPass(Pass):
     summary = "OpenVINO IR on the CPU (convert_model), with precision, performance hint and streams as measured options"
     Config = OpenVinoConfig
     consumes = frozenset({"onnx", "openvino"})
-    version = 1
+    version = 2  # precision / hint: None inherits from an OpenVINO parent
     requires = ("openvino",)
 
     @classmethod
@@ -108,7 +110,8 @@ class OpenVinoPass(Pass):
             "precision": precision_ran(compiled, runtime["ov_precision"], capabilities()),
             "ir_op_types": ir_op_types(ctx.stage_dir / "model.xml"),
         }
-        return PassResult(out, modified=True, notes=notes)
+        # the same IR with the same options as an OpenVINO parent changes nothing: "unchanged", not timed
+        return PassResult(out, modified=artifact.kind != "openvino" or runtime != artifact.runtime, notes=notes)
 
 
 def ov_runtime(cfg: OpenVinoConfig, artifact: Artifact) -> dict[str, Any]:

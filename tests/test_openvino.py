@@ -283,14 +283,16 @@ def test_static_shapes_compile_per_input_shape_and_change_only_that(tmp_path: Pa
 
     data = ov_recipe()
     data["passes"] = data["passes"][:2] + [
-        {"type": "openvino", "name": "ov_static", "from": "ov_f32", "config": {"static_shapes": True}}]
+        {"type": "openvino", "name": "ov_static", "from": "ov_f32", "config": {"static_shapes": True}},
+        {"type": "openvino", "name": "ov_same", "from": "ov_f32", "config": {"precision": "f32"}}]
     recipe = load_recipe(write_recipe(tmp_path, data))
     records = {r.name: r for r in Pipeline(recipe, tmp_path / "run").execute()}
     static = records["ov_static"]
     assert static.status == "ran", static.reason
+    assert records["ov_same"].status == "unchanged"  # the parent's IR and options: nothing to time
     assert static.artifact.runtime["ov_precision"] == "f32" and static.artifact.runtime["ov_static_shapes"] is True
     assert static.notes["precision"]["asked"] == "f32"
-    assert static.metrics["runtime"]["static_shapes"].startswith("compiled per input shape")
+    assert static.metrics["runtime"]["static_shapes"].startswith("compiled per input shape, up to 8 shapes: ")
     with OvRunner(static.artifact, recipe).load() as session:
         feeds = [{"x": np.random.default_rng(b).standard_normal((b, 16)).astype(np.float32)}
                  for b in range(1, MAX_STATIC_SHAPES + 3)]

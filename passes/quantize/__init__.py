@@ -111,11 +111,15 @@ class QuantizePass(Pass):
 
     def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
         """The CPU hybrid times its ladder and candidates: its choice holds for those settings (the GPU hybrid's
-        choice is untimed)."""
+        choice is untimed); INT8 dynamic weights are 7-bit on x86 without VNNI, so the CPU fact is in the key."""
         from optimizer.core.pass_base import timing_key
+        from optimizer.runtime.cpu_features import int8_reduce_range
 
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
-        return timing_key(recipe) if cfg.mode == "hybrid" and recipe.target.device == "cpu" else None
+        extras = dict(timing_key(recipe)) if cfg.mode == "hybrid" and recipe.target.device == "cpu" else {}
+        if cfg.mode in ("int8_dynamic", "hybrid") and int8_reduce_range()[0]:
+            extras["int8_reduce_range"] = True  # 7-bit weights on this CPU: not the artifact a VNNI machine builds
+        return extras or None
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]

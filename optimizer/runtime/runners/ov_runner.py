@@ -83,6 +83,11 @@ class OvSession(Session):
         return {"static": [list(map(list, k)) for k in self._static_requests],
                 "dynamic": [list(map(list, k)) for k in sorted(self.dynamic_shapes)]}
 
+    def _static_summary(self) -> str:
+        shapes = self.static_shapes()
+        return (f"compiled per input shape, up to {MAX_STATIC_SHAPES} shapes: {len(shapes['static'])} static, "
+                f"{len(shapes['dynamic'])} more shapes ran the dynamic model")
+
     def run(self, prepared: OvFeed) -> Any:
         return prepared.request.infer(prepared.inputs, share_inputs=True, share_outputs=True)
 
@@ -104,7 +109,7 @@ class OvSession(Session):
             "performance_hint": str(self.compiled.get_property("PERFORMANCE_HINT")),
             "streams": int(self.compiled.get_property("NUM_STREAMS")),
             "threads": int(self.compiled.get_property("INFERENCE_NUM_THREADS")),
-            **({"static_shapes": f"compiled per input shape, up to {MAX_STATIC_SHAPES} shapes"} if self.static else {}),
+            **({"static_shapes": self._static_summary()} if self.static else {}),
         }
 
 
