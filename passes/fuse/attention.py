@@ -33,14 +33,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from passes.fuse.graph import MS, const, const_tensor, name_of, producer, scalar, variable
+from passes.fuse.match import Decline  # the one decline type of every rule
 from passes.fuse.rule import RuleReport
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 NEG_THRESHOLD = -1e4  # additive mask entries at or below this count as "masked"
-
-
-class Decline(Exception):
-    """A block does not match; the message says why."""
 
 
 @dataclass

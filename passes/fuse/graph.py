@@ -50,10 +50,6 @@ def close_to(t: gs.Tensor | None, value: float, rtol: float = 1e-3) -> bool:
     return v is not None and abs(v - value) <= rtol * max(abs(value), 1e-6)
 
 
-def single_use(t: gs.Tensor) -> bool:
-    return len(t.outputs) == 1 and t not in ()
-
-
 def other_input(node: gs.Node, t: gs.Tensor) -> gs.Tensor | None:
     """For a binary node, the input that is not t."""
     a, b = node.inputs[0], node.inputs[1]

@@ -32,7 +32,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from optimizer.runtime.generation import cache_names
-from passes.fuse.attention import Decline as AttentionDecline
 from passes.fuse.attention import mask_index_for, split_scores
 from passes.fuse.context import RuleContext
 from passes.fuse.graph import MS, const, name_of, producer, variable
@@ -217,7 +216,7 @@ def match_kv(graph: gs.Graph, layer: int, padded: bool) -> KvMatch:
     the [B, S, E] Reshapes of the attention output from Q, K, V and the past cache; the Reshapes stay (rewired)."""
     try:
         block, producers = match_layer(graph, layer, padded)
-    except (AttentionDecline, KeyError) as e:  # split_scores raises attention.py's own Decline
+    except KeyError as e:  # a probe value the walk needed is missing
         raise Decline(str(e)) from e
     inputs = [block.q, block.k, block.v, *(t for t in (block.past_key, block.past_value) if t is not None)]
     outputs = [block.present_key, block.present_value, *(rs.outputs[0] for rs in block.out_reshapes)]
