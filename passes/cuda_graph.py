@@ -27,7 +27,7 @@ class CudaGraphConfig(PassConfig):
     pass
 
 
-class CudaGraphPass(Pass):
+class CudaGraphPass(Pass[CudaGraphConfig]):
     name = "cuda_graph"
     summary = "CUDA Graph capture/replay (PyTorch, ORT CUDA EP, TensorRT), as its own stage"
     Config = CudaGraphConfig

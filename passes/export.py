@@ -67,7 +67,7 @@ def _export_sample(ctx: PassContext, axes: dict[str, dict[int, str]]) -> dict[st
     return sample
 
 
-class ExportPass(Pass):
+class ExportPass(Pass[ExportConfig]):
     name = "export"
     summary = "PyTorch -> ONNX (torch.onnx.export), checked against PyTorch on every scenario"
     Config = ExportConfig
@@ -81,7 +81,7 @@ class ExportPass(Pass):
         from optimizer.runtime import onnx_io
         from optimizer.runtime.models import NamedIO, load_module
 
-        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         if ctx.recipe.workload == "generation":
             from passes.export_generation import export_generation
 
@@ -149,7 +149,7 @@ class ExportPass(Pass):
         result: dict[str, Any] = {}
         for sf in ctx.feeds:
             check = ctx.check(torch_outputs, artifact, [sf.timing])
-            result[sf.scenario.name] = check.per_output
+            result[sf.scenario.name] = {name: a.to_json() for name, a in check.per_output.items()}
             worst = check.worst(nonfinite_fails=False)
             if worst < min_cosine:
                 raise PassError(

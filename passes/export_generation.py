@@ -1,4 +1,5 @@
 """Export for generation: the prefill and decode graphs (see optimizer/generation.py), checked against PyTorch.
+An encoder-decoder's pair (model.task text2text-generation / automatic-speech-recognition) is passes/export_seq2seq.py.
 
 Dims: prefill takes input_ids/attention_mask [batch, seq]; decode takes input_ids [batch, 1], attention_mask
 [batch, past + 1] and past.{i}.key/value [batch, heads, past, head_dim], and returns present.* one longer.
@@ -14,11 +15,16 @@ from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import PassContext
 from optimizer.core.quiet import quiet
+from optimizer.recipe.schema import SEQ2SEQ_TASKS
 
 
 def export_generation(
     artifact: Artifact, ctx: PassContext, opset: int | None, min_cosine: float
 ) -> tuple[Artifact, dict[str, Any]]:
+    if getattr(ctx.recipe.model, "task", None) in SEQ2SEQ_TASKS:  # an encoder-decoder: its own pair of graphs
+        from passes.export_seq2seq import export_seq2seq
+
+        return export_seq2seq(artifact, ctx, opset, min_cosine)
     import torch
 
     from optimizer.runtime import onnx_io

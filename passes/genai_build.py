@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError, PassError
-from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.pass_base import GenerationAgreement, Pass, PassConfig, PassContext, PassResult
 from optimizer.recipe.genai_support import builder_architectures
 from optimizer.recipe.schema import HFConfigSource, HFFolderSource
 
@@ -80,7 +80,7 @@ def source_architecture(ctx: PassContext) -> str | None:
     return None
 
 
-class GenaiBuildPass(Pass):
+class GenaiBuildPass(Pass[GenaiBuildConfig]):
     name = "genai_build"
     summary = "the decoder rebuilt by ONNX Runtime GenAI's model builder: GroupQueryAttention, in-place KV cache, int4"
     Config = GenaiBuildConfig
@@ -117,7 +117,7 @@ class GenaiBuildPass(Pass):
         from optimizer.runtime.genai_builder import GENAI_SIDE_FILES, run_builder, write_source_folder
         from optimizer.runtime.models import hf_folder, load_module
 
-        cfg: GenaiBuildConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         model = load_module(ctx.recipe)
         scratch = ctx.stage_dir / "scratch"
         scratch.mkdir(exist_ok=True)
@@ -172,15 +172,15 @@ class GenaiBuildPass(Pass):
         }
         return PassResult(out, modified=True, notes=notes)
 
-    def _check(self, model: Any, out: Artifact, ctx: PassContext) -> dict[str, Any]:
+    def _check(self, model: Any, out: Artifact, ctx: PassContext) -> GenerationAgreement:
         from optimizer.runtime.generation import TorchGenerator
         from optimizer.runtime.runners.gen_runner import genai_generator
 
-        cfg: GenaiBuildConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         prompt = next(iter(ctx.feeds)).timing["input_ids"]
         expected = TorchGenerator(model, 1).generate(prompt, 8)
         got = genai_generator(out, ctx.recipe).generate(prompt, 8)
-        check: dict[str, Any] = ctx.check(expected, got)
+        check = ctx.check(expected, got)
         if cfg.precision == "fp32" and (
             check["token_agreement"] < 1.0 or check["logits_cosine_min"] < MIN_FP32_COSINE
         ):

@@ -20,7 +20,7 @@ from optimizer.core.errors import OptimizerError, PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 from optimizer.runtime.cpu_features import int8_reduce_range
 from optimizer.runtime.threads import target_threads
-from passes.openvino import IR_WEIGHTS
+from passes.openvino import IR_WEIGHTS, OpenVinoNotes
 
 
 class NncfInt8Config(PassConfig):
@@ -44,10 +44,18 @@ class NncfInt8Config(PassConfig):
     margin: float = Field(default=0.002, ge=0, le=0.5, description="accuracy_control: headroom kept inside the budget")
 
 
-class NncfInt8Pass(Pass):
+class NncfInt8Notes(OpenVinoNotes):
+    """An nncf_int8 stage's notes: an OpenVINO stage's (what ran, per precision), with the FakeQuantize nodes NNCF
+    inserted; the rest (calibration, preset, overflow fix, accuracy control) as written."""
+
+    fake_quantize_nodes: int | None = None
+
+
+class NncfInt8Pass(Pass[NncfInt8Config]):
     name = "nncf_int8"
     summary = "INT8 post-training quantization of an OpenVINO stage with NNCF (calibrated on the recipe's inputs)"
     Config = NncfInt8Config
+    Notes = NncfInt8Notes
     consumes = frozenset({"openvino"})
     version = 1
 
@@ -57,10 +65,10 @@ class NncfInt8Pass(Pass):
     requires = ("openvino", "nncf")
 
     @classmethod
-    def recipe_reason(cls, config: PassConfig, recipe: Any) -> tuple[str, str] | None:
+    def recipe_reason(cls, config: NncfInt8Config, recipe: Any) -> tuple[str, str] | None:
         from optimizer.recipe.schema import recipe_metric
 
-        cfg: NncfInt8Config = config  # type: ignore[assignment]
+        cfg = config
         if not cfg.accuracy_control:
             return None
         metric, floor = recipe_metric(recipe), recipe.accuracy.min
@@ -97,7 +105,7 @@ class NncfInt8Pass(Pass):
         nncf, ov = nncf_module(), openvino_module()
         from passes.quantize.calibration import calibration_feeds
 
-        cfg: NncfInt8Config = self.config  # type: ignore[assignment]
+        cfg = self.config
         assert artifact.path is not None
         model = core().read_model(str(artifact.path))
         names = [port_name(p, ctx.recipe) for p in model.inputs]
@@ -163,7 +171,7 @@ class NncfInt8Pass(Pass):
             **({"ignored": {"types": cfg.ignored_types, "names": cfg.ignored_names}} if ignored is not None else {}),
             **({"accuracy_control": control} if control else {}),
         }
-        return PassResult(out, modified=True, notes=notes)
+        return PassResult(out, modified=True, notes=NncfInt8Notes.model_validate(notes))
 
 
 def accuracy_validation(

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError, PassError
-from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassNotes, PassResult
 from optimizer.runtime.threads import target_threads
 
 IR_WEIGHTS = "model.bin"
@@ -48,10 +48,31 @@ class OpenVinoConfig(PassConfig):
     )
 
 
-class OpenVinoPass(Pass):
+class PrecisionRan(PassNotes):
+    """What an OpenVINO stage asked for and what ran (runtime.ov_engine.precision_ran): the hint the compiled model
+    settled on and its executed layers per runtime precision ("f32", "bf16", "i8", "u8"...)."""
+
+    asked: str | None = None
+    hint: str | None = None
+    layers: dict[str, int] = {}
+    note: str | None = None  # a bf16 request that ran without bf16
+
+    def int8_layers(self) -> int:
+        return sum(n for p, n in self.layers.items() if p in ("i8", "u8"))
+
+
+class OpenVinoNotes(PassNotes):
+    """An openvino stage's notes. Typed: what a bundle's manifest reads back (deploy.bundle); the rest (versions,
+    compile options, IR op types) as written."""
+
+    precision: PrecisionRan | None = None
+
+
+class OpenVinoPass(Pass[OpenVinoConfig]):
     name = "openvino"
     summary = "OpenVINO IR on the CPU (convert_model), with precision, performance hint and streams as measured options"
     Config = OpenVinoConfig
+    Notes = OpenVinoNotes
     consumes = frozenset({"onnx", "openvino"})
     version = 2  # precision / hint: None inherits from an OpenVINO parent
     requires = ("openvino",)
@@ -80,7 +101,7 @@ class OpenVinoPass(Pass):
 
         ov = openvino_module()
 
-        cfg: OpenVinoConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         assert artifact.path is not None
         xml = ctx.stage_dir / "model.xml"
         if artifact.kind == "openvino":  # the same IR, other compile options
@@ -111,7 +132,8 @@ class OpenVinoPass(Pass):
             "ir_op_types": ir_op_types(ctx.stage_dir / "model.xml"),
         }
         # the same IR with the same options as an OpenVINO parent changes nothing: "unchanged", not timed
-        return PassResult(out, modified=artifact.kind != "openvino" or runtime != artifact.runtime, notes=notes)
+        return PassResult(out, modified=artifact.kind != "openvino" or runtime != artifact.runtime,
+                          notes=OpenVinoNotes.model_validate(notes))
 
 
 def ov_runtime(cfg: OpenVinoConfig, artifact: Artifact) -> dict[str, Any]:

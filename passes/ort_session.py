@@ -90,7 +90,7 @@ SHARED_POOL_REASON = (
 )
 
 
-class OrtSessionPass(Pass):
+class OrtSessionPass(Pass[OrtSessionConfig]):
     name = "ort_session"
     summary = "ONNX Runtime's own graph optimizations and thread-pool settings, switched on as a stage of their own"
     Config = OrtSessionConfig
@@ -103,13 +103,13 @@ class OrtSessionPass(Pass):
     handles_genai_layout = True  # same files, new session options (genai_config.json is copied with the graph)
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
-        cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         if cfg.shared_thread_pool:
             return SHARED_POOL_REASON
         return super().skip_reason(artifact, ctx)
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
-        cfg: OrtSessionConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         assert artifact.path is not None
         # Same graphs, new folder: every stage folder holds a complete, deployable artifact (for a generation
         # artifact: the prefill graph as model.onnx, the decode graph and the shared weights under their names,

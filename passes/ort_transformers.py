@@ -24,7 +24,7 @@ class OrtTransformersConfig(PassConfig):
     opt_level: Literal[0, 1, 2, 99] | None = Field(default=None, description="ORT level run inside; None: its default")
 
 
-class OrtTransformersPass(Pass):
+class OrtTransformersPass(Pass[OrtTransformersConfig]):
     name = "ort_transformers"
     summary = "onnxruntime.transformers.optimizer (ORT's own fusion tool), for comparison with `fuse`"
     Config = OrtTransformersConfig
@@ -36,7 +36,7 @@ class OrtTransformersPass(Pass):
 
         from optimizer.runtime import onnx_io
 
-        cfg: OrtTransformersConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         assert artifact.path is not None
         try:
             with quiet() as log:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.recipe.schema import SEQ2SEQ_TASKS
 
 
 class StaticKVCacheConfig(PassConfig):
     pass
 
 
-class StaticKVCachePass(Pass):
+class StaticKVCachePass(Pass[StaticKVCacheConfig]):
     name = "static_kv_cache"
     summary = "PyTorch generation over a preallocated (static) KV cache; needed before cuda_graph on a decoder"
     Config = StaticKVCacheConfig
@@ -30,6 +31,8 @@ class StaticKVCachePass(Pass):
             return reason
         if ctx.recipe.workload != "generation":
             return "a KV cache is a generation option; this recipe's workload is forward"
+        if getattr(ctx.recipe.model, "task", None) in SEQ2SEQ_TASKS:
+            return "built for decoders (causal-lm): encoder-decoder generation keeps transformers' dynamic cache"
         return None
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:

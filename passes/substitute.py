@@ -103,7 +103,7 @@ def io_mismatch(a: GraphIO, b: GraphIO, a_name: str = "A", b_name: str = "B") ->
     return None
 
 
-class SubstitutePass(Pass):
+class SubstitutePass(Pass[SubstituteConfig]):
     name = "substitute"
     summary = "the artifact becomes another ONNX file (same session options): `optimizer compare` runs B this way"
     Config = SubstituteConfig
@@ -113,7 +113,7 @@ class SubstitutePass(Pass):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         from optimizer.runtime import onnx_io
 
-        cfg: SubstituteConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         assert artifact.path is not None
         src = ctx.recipe.resolve(cfg.path).resolve()
         if not src.is_file():

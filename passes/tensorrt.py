@@ -77,7 +77,7 @@ def progress_monitor(trt: Any, report: Any) -> Any:
     return Monitor()
 
 
-class TensorRTPass(Pass):
+class TensorRTPass(Pass[TensorRTConfig]):
     name = "tensorrt"
     summary = "TensorRT engine build (10 and 11; precision from the graph: FP16 or explicit Q/DQ)"
     Config = TensorRTConfig
@@ -108,7 +108,7 @@ class TensorRTPass(Pass):
         from optimizer.runtime.gpu import device_summary
         from optimizer.runtime.gpu.profiles import derive_profiles, precision_summary
 
-        cfg: TensorRTConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         assert artifact.path is not None
         graph_only = onnx_io.load(artifact.path, with_weights=False)
         profiles = derive_profiles(input_shapes(graph_only, ctx.recipe), [s.bindings() for s in ctx.recipe.scenarios])

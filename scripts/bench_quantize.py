@@ -19,8 +19,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import Speedup
 from optimizer.measure.harness import interleaved_twin_rounds
-from optimizer.measure.stats import Speedup, speedup_with_spread
+from optimizer.measure.stats import speedup_with_spread
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.inputs import build_feeds

@@ -108,27 +108,13 @@ class GenaiSide:
     def __init__(self, folder: Path) -> None:
         import onnxruntime_genai as og
 
-        self.og, self.model = og, og.Model(str(folder))
+        self.model = og.Model(str(folder))
 
     def generate(self, prompt: np.ndarray, new: int, keep_logits: bool = False) -> dict[str, Any]:
-        og = self.og
-        seq = prompt.shape[1]
-        logits: list[np.ndarray] = []
-        tokens, marks = [], []
-        start = time.perf_counter_ns()
-        params = og.GeneratorParams(self.model)
-        params.set_search_options(max_length=seq + new, min_length=seq + new, do_sample=False, batch_size=1)
-        gen = og.Generator(self.model, params)
-        gen.append_tokens(prompt.astype(np.int32))
-        while len(tokens) < new and not gen.is_done():
-            if keep_logits:
-                logits.append(np.array(gen.get_logits()).reshape(-1))
-            gen.generate_next_token()
-            tokens.append(int(gen.get_next_tokens()[0]))
-            marks.append(time.perf_counter_ns())
-        e2e = (marks[-1] - start) / 1e6
-        return {"tokens": np.array(tokens), "e2e": e2e, "ttft": (marks[0] - start) / 1e6,
-                "tpot": list(np.diff(marks) / 1e6), "logits": logits}
+        from optimizer.runtime.genai_runtime import genai_generate
+
+        g = genai_generate(self.model, prompt, new, keep_logits)
+        return {"tokens": g.tokens, "e2e": g.e2e_ms, "ttft": g.ttft_ms, "tpot": g.tpot_ms, "logits": g.logits}
 
 
 class OurSide:
@@ -167,16 +153,13 @@ def pilot(folder: Path, threads: int, prompt: np.ndarray, new: int) -> tuple[Pat
     return options[best], times
 
 
-def interval(a: list[list[float]], b: list[list[float]], ua: list[int], ub: list[int], k: int) -> tuple[float, ...]:
-    """ours/GenAI median with its 95% interval, widened by the spread between loops of one side."""
-    from optimizer.measure.stats import instance_variance, speedup, widened
+def interval(a: list[list[float]], b: list[list[float]], ua: list[int], ub: list[int]) -> tuple[float, ...]:
+    """ours/GenAI median with its 95% interval, widened by the spread between loops of one side (as the harness
+    widens a stage's ratio: optimizer.measure.stats.speedup_with_spread)."""
+    from optimizer.measure.stats import speedup_with_spread
 
-    s = speedup(a, b)  # "parent"/"child" medians: here ours / GenAI
-    spread = instance_variance(a, b, ua, ub) if k > 1 else None
-    if spread is None:
-        return s.ratio, s.low, s.high
-    low, high, _ = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df)
-    return s.ratio, low, high
+    s = speedup_with_spread({"ours": a, "genai": b}, {"ours": ua, "genai": ub}, "ours", "genai")
+    return s.ratio, s.low, s.high
 
 
 def main() -> None:
@@ -248,8 +231,8 @@ def main() -> None:
                     timed[n][m].append([t for x in got[n] for t in (x[m] if m == "tpot" else [x[m]])])
         for precision in ("fp32", "int4"):
             o, g = f"ours {precision}", f"genai {precision}"
-            ratio, low, high = interval(timed[o]["e2e"], timed[g]["e2e"], used[o], used[g], k)
-            ttft, _, _ = interval(timed[o]["ttft"], timed[g]["ttft"], used[o], used[g], k)
+            ratio, low, high = interval(timed[o]["e2e"], timed[g]["e2e"], used[o], used[g])
+            ttft, _, _ = interval(timed[o]["ttft"], timed[g]["ttft"], used[o], used[g])
             p50 = {n: float(np.median(np.concatenate(timed[n]["e2e"]))) for n in (o, g)}
             tpot = {n: float(np.median(np.concatenate(timed[n]["tpot"]))) for n in (o, g)}
             ref = acc["genai fp32"]

@@ -45,7 +45,7 @@ def save_model(run: Path, out: Path) -> None:
     load_module(parse_recipe(report["recipe"], str(run / "report.json"))).save_pretrained(out)
 
 
-def pick_stage(report: dict[str, Any], name: str | None) -> dict[str, Any]:
+def generation_stage_json(report: dict[str, Any], name: str | None) -> dict[str, Any]:
     name = name or (report.get("best") or {}).get("stage")
     if not name:
         raise SystemExit("report.json: no best stage; name one with --stage")
@@ -144,10 +144,10 @@ def main() -> None:
         return
 
     from optimizer.measure.harness import instance_for
-    from optimizer.measure.stats import instance_variance, speedup, widened
+    from optimizer.measure.stats import instance_variance, speedup, speedup_with_spread
 
     report = json.loads((args.run / "report.json").read_text())
-    stage = pick_stage(report, args.stage)
+    stage = generation_stage_json(report, args.stage)
     threads = args.threads or int(report["recipe"].get("target", {}).get("threads") or 2)
     vocab = int(report["recipe"]["model"]["config"].get("vocab_size", 8000))
     with tempfile.TemporaryDirectory(prefix="optimum-cmp-") as tmp:
@@ -194,11 +194,11 @@ def main() -> None:
     for metric, label in (("e2e", "task time"), ("ttft", "time to first token"), ("tpot", "time per output token")):
         a, b = rounds["ours"][metric], rounds["optimum"][metric]
         s = speedup(a, b)  # parent/child medians: here ours/optimum
-        low, high, spread_sd = s.low, s.high, 0.0
-        spread = instance_variance(a, b, used["ours"], used["optimum"]) if k > 1 else None
-        if spread is not None:  # the loops of one side differed in speed: no single round shows that
-            low, high, _ = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df)
-            spread_sd = float(np.sqrt(max(spread.variance, 0.0)))
+        # widened by the spread between the loops of one side, as the harness widens a stage's ratio
+        widened = speedup_with_spread({"ours": a, "optimum": b}, used, "ours", "optimum")
+        low, high = widened.low, widened.high
+        spread = instance_variance(a, b, used["ours"], used["optimum"])
+        spread_sd = float(np.sqrt(max(spread.variance, 0.0))) if spread is not None else 0.0
         pa, pb = float(np.median(np.concatenate(a))), float(np.median(np.concatenate(b)))
         print(f"{label:<22}{pa:>12.2f}{pb:>16.2f}{s.ratio:>13.2f}x  [{low:.2f}, {high:.2f}]  "
               f"(in-run {s.low:.2f}-{s.high:.2f}; loops' spread sd {spread_sd:.1%})")

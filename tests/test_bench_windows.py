@@ -99,19 +99,19 @@ def test_generation_windows_cover_the_timing_but_not_the_accuracy_run(tmp_path: 
     from optimizer.measure import generation
 
     held: dict[str, list[bool]] = {"accuracy": [], "timing": []}
-    agreement, loose = generation.agreement, generation._loose
+    agreement, interleave = generation.agreement, harness.interleave
 
     def slow_agreement(*args: Any) -> Any:
         held["accuracy"].append(bench_slot.holding())
         time.sleep(SLOW_ACCURACY_S / 2)  # twice per stage: one sample in each of two scenarios
         return agreement(*args)
 
-    def timed(*args: Any) -> bool:
+    def timed(*args: Any, **kwargs: Any) -> int:
         held["timing"].append(bench_slot.holding())
-        return loose(*args)
+        return interleave(*args, **kwargs)
 
     monkeypatch.setattr(generation, "agreement", slow_agreement)
-    monkeypatch.setattr(generation, "_loose", timed)
+    monkeypatch.setattr(harness, "interleave", timed)
     recipe = load_recipe(write_recipe(tmp_path, recipe_data([{"type": "export"}])))
     records = Pipeline(recipe, tmp_path / "run").execute()
     assert held["accuracy"] == [False] * 4 and held["timing"] and all(held["timing"])

@@ -35,7 +35,7 @@ def test_an_edited_metrics_file_is_measured_again(tmp_path: Path) -> None:
     records = _run(tmp_path)
     ort = records[2]
     assert ort.metrics["scenarios"]["b1"]["latency"]["p50_ms"] > 0.000001
-    assert "metrics.json" in ort.notes.get("cache", "") and "measured again" in ort.notes["cache"]
+    assert "metrics.json" in (ort.cache_note or "") and "measured again" in (ort.cache_note or "")
 
 
 @pytest.mark.slow
@@ -52,7 +52,7 @@ def test_cached_metrics_that_do_not_fit_the_schema_are_measured_again(tmp_path: 
     path.write_text(json.dumps(saved))
     ort = _run(tmp_path)[2]
     assert isinstance(ort.metrics["scenarios"]["b1"]["latency"], dict)
-    assert "does not fit the metrics schema" in ort.notes.get("cache", "")
+    assert "does not fit the metrics schema" in (ort.cache_note or "")
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_a_model_file_changed_in_place_at_the_same_size_is_rebuilt(tmp_path: Pat
     data[-20] ^= 0xFF  # same size, other bytes
     model.write_bytes(bytes(data))
     records = _run(tmp_path)
-    assert records[1].status == "ran" and "rebuilt" in records[1].notes.get("cache", "")
+    assert records[1].status == "ran" and "rebuilt" in (records[1].cache_note or "")
 
 
 @pytest.mark.slow

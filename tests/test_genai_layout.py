@@ -106,6 +106,47 @@ def test_the_genai_graph_generates_what_pytorch_generates(genai_run: tuple[list,
 
 
 @pytest.mark.slow
+def test_the_batch1_decode_step_takes_the_raw_binding_and_generates_the_same(
+    genai_run: tuple[list, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch 1 rebinds the mask and runs through ONNX Runtime's C-level calls (no per-step Python wrapper work);
+    its tokens and logits equal those of the public IOBinding calls (the fallback) and of PyTorch."""
+    import optimizer.runtime.generation_shared as shared
+
+    fp32 = _by_name(genai_run[0])["genai_fp32"]
+    recipe = load_recipe(genai_run[1] / "recipe.yaml")
+    prompt = np.random.default_rng(9).integers(1, 300, (1, 12))
+    used: list[str] = []
+    real = shared._fast_calls
+
+    def spy(session: Any, binding: Any) -> tuple[Any, Any]:
+        calls = real(session, binding)
+        used.append(getattr(calls[1], "__name__", ""))
+        return calls
+
+    monkeypatch.setattr(shared, "_fast_calls", spy)
+    fast = generator_for(fp32.artifact, recipe).generate(prompt, 6)
+    assert used == ["run"]  # the raw path (the fallback is a lambda)
+
+    class Wrapped:  # a session without `_sess`: the public calls serve
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "_sess":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    gen = generator_for(fp32.artifact, recipe)
+    gen.session = Wrapped(gen.session)
+    public = gen.generate(prompt, 6)
+    assert used[-1] == "<lambda>"
+    expected = TorchGenerator(load_module(recipe), 1).generate(prompt, 6)
+    assert np.array_equal(fast.tokens, public.tokens) and np.array_equal(fast.tokens, expected.tokens)
+    assert np.allclose(np.stack(fast.step_logits), np.stack(public.step_logits), atol=1e-5)
+
+
+@pytest.mark.slow
 def test_the_cache_is_one_buffer_written_in_place(genai_run: tuple[list, Path]) -> None:
     """The buffers the loop allocates (prompt + new tokens long) are where GroupQueryAttention writes: after a
     generation they hold every position but the last token's, and nothing after."""
@@ -226,10 +267,10 @@ class _FakeGen:
 def test_each_switch_between_sides_settles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Generation timing settles every switch as forward timing does: asleep for settle_ms, then a short
     untimed generation on the generator about to be timed. Without it two identical graphs read as different."""
-    import optimizer.measure.generation as mg
+    from optimizer.measure import harness
 
     log: list = []
-    monkeypatch.setattr(mg.time, "sleep", lambda s: log.append(("sleep", s)))
+    monkeypatch.setattr(harness.time, "sleep", lambda s: log.append(("sleep", s)))
     sides = [("child", [_FakeGen("c0", log)]), ("parent", [_FakeGen("p0", log)])]
     settings = BenchmarkSettings(rounds=2, iterations=1, settle_ms=40)
     prompts = [np.ones((1, 30), np.int64)]

@@ -157,11 +157,11 @@ def test_unknown_schema_version_is_refused(finished_run: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_a_v1_report_still_shows_and_diffs_against_a_v2_one(finished_run: Path) -> None:
-    """Reports written before schema_version 2 are upgraded when read: `report` and `diff` take them as they are."""
+def test_a_v1_report_still_shows_and_diffs_against_a_v3_one(finished_run: Path) -> None:
+    """Reports written before schema_version 3 are upgraded when read: `report` and `diff` take them as they are."""
     v1 = TESTS / "data" / "report_v1_minilm.json"
     assert json.loads(v1.read_text())["schema_version"] == 1
-    assert json.loads((finished_run / "report.json").read_text())["schema_version"] == 2
+    assert json.loads((finished_run / "report.json").read_text())["schema_version"] == 3
     shown = run_cli("report", str(v1))
     assert shown.returncode == 0, shown.stderr
     assert "b1-natural (batch 1, natural lengths 11-19 tokens" in shown.stdout

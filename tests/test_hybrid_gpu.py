@@ -93,7 +93,7 @@ def run_pass(folder: Path, services: Any = None) -> tuple[dict[str, Any], dict[s
     assert quantize.skip_reason(src, ctx) is None  # it declined cuda targets before
     result = quantize.run(src, ctx)
     assert result.artifact.path is not None
-    return dict(result.notes), json.loads((stage / "hybrid_search.json").read_text()), result.artifact.path
+    return result.notes_json(), json.loads((stage / "hybrid_search.json").read_text()), result.artifact.path
 
 
 @pytest.fixture(scope="module")

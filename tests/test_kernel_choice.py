@@ -13,6 +13,7 @@ from fusion_helpers import float_input, model
 from onnx import helper, numpy_helper
 from test_fusion_models import BERT_INPUTS, TINY, compile_stages
 
+from optimizer.core.metrics import TimedComparison
 from optimizer.measure import services
 from optimizer.runtime import onnx_io
 from optimizer.runtime.sessions import ort_session
@@ -72,11 +73,11 @@ def fake_time(slow_rule: str) -> Any:
     """ctx.time where only the graph without `slow_rule` is faster: the rule's kernel is the slow one; without any
     other rule the graph is 1% faster, a tie that keeps the fused graph."""
 
-    def time(self: Any, candidate: Any, reference: Any, ctx: Any, feeds: Any) -> dict[str, Any]:
+    def time(self: Any, candidate: Any, reference: Any, ctx: Any, feeds: Any) -> TimedComparison:
         faster = f"without_{slow_rule}" in str(candidate.path)
         ratio = 1.2 if faster else 1.01
-        return {"speedup": ratio, "low": ratio - 0.05, "high": ratio + 0.05, "verdict": "faster" if faster else
-                "within noise", "p50_ms": 1.0 / ratio, "input_p50_ms": 1.0, "rounds": 4, "calls": 12}
+        return TimedComparison(ratio=ratio, low=ratio - 0.05, high=ratio + 0.05, verdict="faster" if faster else
+                               "within noise", p50_ms=1.0 / ratio, input_p50_ms=1.0, rounds=4, calls=12)
 
     return time
 
@@ -190,10 +191,10 @@ def test_an_ort_session_stage_can_disable_onnxruntime_fusions(tmp_path: Path) ->
 
 class FakeCtx:
     def __init__(self, verdict: str, ratio: float) -> None:
-        self.timing = {"speedup": ratio, "low": ratio - 0.1, "high": ratio + 0.1, "verdict": verdict,
-                       "p50_ms": 1.0, "input_p50_ms": ratio, "rounds": 4, "calls": 12}
+        self.timing = TimedComparison(ratio=ratio, low=ratio - 0.1, high=ratio + 0.1, verdict=verdict,
+                                      p50_ms=1.0, input_p50_ms=ratio, rounds=4, calls=12)
 
-    def time(self, candidate: Any, reference: Any) -> dict[str, Any]:
+    def time(self, candidate: Any, reference: Any) -> TimedComparison:
         return self.timing
 
     def progress(self, what: str, done: int, total: int) -> None:
@@ -265,7 +266,7 @@ def test_two_rules_left_out_accumulate_and_a_rule_that_cannot_be_timed_is_kept(
         rules, ["skip_layernorm"], fused, built, build, RaisingCtx("faster", 2.0)  # type: ignore[arg-type]
     )
     assert chosen is built and choices[0].kept
-    assert choices[0].to_json()["line"] == "skip_layernorm: kept; not measured: without.onnx: onnxruntime cannot " \
+    assert choices[0].note().line == "skip_layernorm: kept; not measured: without.onnx: onnxruntime cannot " \
         "load it: bad graph"
 
 
@@ -322,12 +323,12 @@ def test_later_ort_session_adds_to_the_fusions_fuse_disabled(tmp_path: Path, mon
 def test_compare_times_a_stage_with_the_fusions_its_run_disabled(tmp_path: Path) -> None:
     from test_compare import tiny
 
-    from optimizer.engine.compare import Side, compare_recipe
+    from optimizer.engine.compare import CompareSide, compare_recipe
 
     a, b = tiny(tmp_path / "a.onnx"), tiny(tmp_path / "b.onnx", pairs=8)
-    side_b = Side("B", b, "RUN:fuse", runtime={"graph_optimization_level": "all",
+    side_b = CompareSide("B", b, "RUN:fuse", runtime={"graph_optimization_level": "all",
                                                "disabled_optimizers": ["SkipLayerNormFusion"]})
-    recipe, notes = compare_recipe(Side("A", a, str(a)), side_b)
+    recipe, notes = compare_recipe(CompareSide("A", a, str(a)), side_b)
     session = recipe.passes[0]
     assert session.type == "ort_session" and session.config["disabled_optimizers"] == ["SkipLayerNormFusion"]
     assert any("SkipLayerNormFusion disabled" in n for n in notes)

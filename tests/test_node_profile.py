@@ -261,14 +261,14 @@ def test_tpot_against_the_export_is_chained_with_its_interval() -> None:
 
 
 def test_compare_output_names_the_nodes_and_every_scenario(fused_run: tuple[Any, RunReport]) -> None:
-    from optimizer.engine.compare import B_STAGE, Side
+    from optimizer.engine.compare import B_STAGE, CompareSide
     from optimizer.report.compare import detail_lines, summarize
 
     _, report = fused_run
     data = report.to_json()
     data["stages"][1]["name"] = B_STAGE  # the compare run's shape: A is stage 0, B substitutes it
     run = parse_report(data, "compare run")
-    s = summarize(run, Side("A", Path("a.onnx"), "a.onnx"), Side("B", Path("b.onnx"), "b.onnx"), [])
+    s = summarize(run, CompareSide("A", Path("a.onnx"), "a.onnx"), CompareSide("B", Path("b.onnx"), "b.onnx"), [])
     e = s["explanation"]
     assert e["scenario"] == "b1" and e["nodes"]["shared"] == pytest.approx(1 / 6) and not e["nodes"]["renamed"]
     assert [n["op"] for n in e["nodes"]["new"]] == ["FusedGemm"]

@@ -140,7 +140,7 @@ def test_external_data_outside_the_models_folder_is_refused(tmp_path: Path, wher
     assert "\n" not in source.reason and str(model) in source.reason, source.reason
     assert "'w1'" in source.reason and repr(location) in source.reason, source.reason
     assert "Traceback" not in source.reason and "ValidationError" not in source.reason, source.reason
-    assert source.notes["error_kind"] == "input"  # a usage error: compile and compare exit 2
+    assert source.error_kind == "input"  # a usage error: compile and compare exit 2
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def test_stage_folders_are_named_after_stages(first_run: tuple[Path, Path, dict]
 
 def test_report_numbers(first_run: tuple[Path, Path, dict]) -> None:
     _, out, report = first_run
-    assert report["schema_version"] == 2 and report["outcome"] == "ok"
+    assert report["schema_version"] == 3 and report["outcome"] == "ok"
     exp = stage(report, "export")
     # The exported graph computes what PyTorch computes.
     acc = exp["metrics"]["accuracy"]["logits"]
@@ -199,3 +199,22 @@ def test_memory_is_probed_in_a_fresh_process_per_stage(tmp_path: Path) -> None:
         assert weights_mb * 0.95 < memory["peak_mb"] < weights_mb * 4, (st["name"], memory)
         peaks.append(memory["peak_mb"])
     assert max(peaks) < 2.5 * min(peaks), peaks
+
+
+def test_each_stage_says_where_its_measurement_time_went(first_run: tuple[Path, Path, dict]) -> None:
+    """Every measured stage books its bench time to the harness's steps (scripts/compile_phases.py reads them):
+    each step took some time, and together they are the stage's measurement, bar the pipeline's own work."""
+    _, out, report = first_run
+    for st in report["stages"]:
+        phases = st["metrics"]["phase_seconds"]
+        assert set(phases) == {"load", "accuracy", "time", "profile", "memory"}, st["name"]
+        assert all(v > 0 for v in phases.values()) and phases["time"] > 0.01
+        assert sum(phases.values()) <= st["bench_seconds"]
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compile_phases.py"
+    shown = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
+                           check=True).stdout
+    assert "| stage | pass | load | accuracy | time | profile | memory | other | stage total |" in shown
+    assert "| **all stages** |" in shown and "share of wall time" in shown

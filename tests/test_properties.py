@@ -154,7 +154,7 @@ PLACES = _places(REPORT_V1)
 
 @pytest.mark.slow
 @SETTINGS
-@given(place=st.sampled_from(PLACES), value=JSON, version=st.sampled_from([1, 2]))
+@given(place=st.sampled_from(PLACES), value=JSON, version=st.sampled_from([1, 2, 3]))
 def test_any_damage_to_a_report_reads_or_is_one_line(place: tuple[Any, ...], value: Any, version: int) -> None:
     """One value anywhere in a real report replaced by any JSON: the reader gives a RunReport or one
     OptimizerError naming the file; never another exception."""

@@ -67,7 +67,7 @@ def test_hybrid_chooses_int8_within_budget(tmp_path: Path) -> None:
     points = search["accuracy_points"]
     assert points and all(0 < p["cosine"] <= p["cosine_mean"] <= 1 + 1e-9 for p in points)  # worst <= mean
     # Each timed set ran interleaved with the FP32 input under the harness: a ratio inside its interval.
-    assert search["timings"] and all(0 < t["low"] <= t["speedup"] <= t["high"] for t in search["timings"])
+    assert search["timings"] and all(0 < t["low"] <= t["ratio"] <= t["high"] for t in search["timings"])
     assert all(t["calls"] >= 4 * 3 and t["input_p50_ms"] > 0 for t in search["timings"])
     chosen = len(q.notes["int8_nodes"])
     assert chosen in {t["int8_nodes"] for t in search["timings"]}, search["decision"]

@@ -239,9 +239,9 @@ def test_stages_and_hybrid_techniques_attributed(tmp_path: Path) -> None:
     chosen = len(stages["hybrid_forms"].notes["int8_nodes"])
     for line in lines.values():  # within a 0.5 budget both are timed head to head with the set they were tried on
         versus = line["vs_previous"]
-        assert 0.5 <= line["cosine"] <= 1.0 + 1e-9 and 0 < versus["low"] <= versus["speedup"] <= versus["high"]
+        assert 0.5 <= line["cosine"] <= 1.0 + 1e-9 and 0 < versus["low"] <= versus["ratio"] <= versus["high"]
         assert versus["p50_ms"] > 0 and versus["input_p50_ms"] > 0  # both timings: the form's and the previous one's
-        assert line["kept"] == (versus["low"] > 1.0) and line["gain"] == versus["speedup"] and line["why"]
+        assert line["kept"] == (versus["low"] > 1.0) and line["gain"] == versus["ratio"] and line["why"]
         assert line["int8_nodes"] == line["previous"]["int8_nodes"] == chosen
     # Static is tried against the dynamic set the search chose.
     assert lines["static"]["previous"]["form"] == "dynamic" and lines["static"]["calibration"]["samples"] >= 1

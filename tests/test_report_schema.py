@@ -1,5 +1,6 @@
-"""The typed report: version 1 reports read into the same tables, version 2 round-trips, the JSON Schema is the
-models', and what does not fit is one line naming the file and the field.
+"""The typed report: version 1 reports read into the same tables, version 2 reports' pipeline notes read as the
+stage's fields, version 3 round-trips, the JSON Schema is the models', and what does not fit is one line naming the
+file and the field.
 
 tests/data/report_v1_minilm.json is the main job's report.json as the code before the typed report wrote it
 (schema_version 1; each scenario's samples_ms cut to 12 calls and long pass notes trimmed, which no table reads);
@@ -61,7 +62,7 @@ def without_explanations(text: str) -> str:
 # ---------------------------------------------------------------- version 1, through the one reader
 def test_a_v1_report_reads_into_the_same_markdown_and_html() -> None:
     report = read_report(V1)
-    assert report.schema_version == 2  # upgraded in memory
+    assert report.schema_version == 3  # upgraded in memory
     assert without_explanations(to_markdown(report)) == (DATA / "report_v1_minilm.md").read_text()
     assert without_explanations(to_html(report)) == (DATA / "report_v1_minilm.html").read_text()
     assert "## Why: each stage against its parent, by op type" in to_markdown(report)
@@ -95,11 +96,33 @@ def test_a_v1_unmeasured_stage_reads_as_none(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- version 2
-def test_a_v2_report_round_trips_through_its_file(tmp_path: Path) -> None:
+def test_a_v2_report_s_pipeline_notes_read_as_the_stage_s_fields(tmp_path: Path) -> None:
+    """Version 2 kept the pipeline's own keys in a stage's notes; read, they are the stage's typed fields and the
+    notes keep only the pass's own."""
+    data = json.loads(json.dumps(read_report(V1).to_json()))
+    data["schema_version"] = 2
+    window = {"host": "h", "start": 1.0, "end": 2.5, "pid": 7, "what": "hybrid hybrid timing"}
+    data["stages"][0]["notes"] = {"traceback": "Traceback ...\nValueError: x", "error_kind": "input"}
+    data["stages"][-1]["notes"] = {"mode": "hybrid", "cache": "cached folder 05-hybrid was incomplete: rebuilt",
+                                   "timed_windows": [window]}
+    report = parse_report(data, "v2.json")
+    first, last = report.stages[0], report.stages[-1]
+    assert (first.traceback, first.error_kind, first.notes) == ("Traceback ...\nValueError: x", "input", {})
+    assert last.notes == {"mode": "hybrid"}
+    assert last.cache_note == "cached folder 05-hybrid was incomplete: rebuilt"
+    assert last.pass_timed_windows is not None and [w.to_json() for w in last.pass_timed_windows] == [window]
+    written = report.to_json()
+    assert written["schema_version"] == 3 and written["stages"][-1]["pass_timed_windows"] == [window]
+    assert "timed_windows" not in written["stages"][-1]["notes"]
+    assert parse_report(written, "v3.json").to_json() == written
+
+
+# ---------------------------------------------------------------- version 3
+def test_a_v3_report_round_trips_through_its_file(tmp_path: Path) -> None:
     report = read_report(V1)
     save_report(report, tmp_path)
     written = json.loads((tmp_path / "report.json").read_text())
-    assert written["schema_version"] == 2 and written["stages"][0]["metrics"]["graph"] == {}  # as measured
+    assert written["schema_version"] == 3 and written["stages"][0]["metrics"]["graph"] == {}  # as measured
     again = read_report(tmp_path / "report.json")
     assert again.to_json() == report.to_json()
     assert without_explanations((tmp_path / "report.md").read_text()) == (DATA / "report_v1_minilm.md").read_text()
@@ -114,7 +137,7 @@ json_schema_text, SCHEMA_FILE; SCHEMA_FILE.write_text(json_schema_text())'"
     save_report(read_report(V1), tmp_path)
     assert (tmp_path / "report.schema.json").read_text() == SCHEMA_FILE.read_text()
     schema = json_schema()
-    assert schema["additionalProperties"] is False and schema["properties"]["schema_version"]["const"] == 2
+    assert schema["additionalProperties"] is False and schema["properties"]["schema_version"]["const"] == 3
     defs = schema["$defs"]
     assert defs["StageReport"]["additionalProperties"] is False
     assert defs["StageMetrics"]["additionalProperties"] is True and defs["Latency"]["additionalProperties"] is True
@@ -122,13 +145,13 @@ json_schema_text, SCHEMA_FILE; SCHEMA_FILE.write_text(json_schema_text())'"
 
 # ---------------------------------------------------------------- what does not fit
 def test_an_unknown_version_is_refused_naming_the_file_and_the_version() -> None:
-    for version in (3, 0, "2", None):
+    for version in (4, 0, "2", None):
         data = {**v1_data(), "schema_version": version}
         with pytest.raises(OptimizerError) as info:
             parse_report(data, "/runs/x/report.json")
         message = str(info.value)
         assert "\n" not in message and message.startswith("/runs/x/report.json: ")
-        assert f"schema_version {version} is not one this optimizer reads (1..2)" in message
+        assert f"schema_version {version} is not one this optimizer reads (1..3)" in message
 
 
 def test_an_unknown_top_level_field_is_refused_and_an_unknown_metric_is_kept() -> None:

@@ -51,11 +51,11 @@ def test_scores_are_the_weighted_normalized_terms(swept: tuple[RunReport, Path])
     w = PRESETS["seed-latency"]
     ranking = rank(report, w)
     for rows in ranking.values():
-        assert [r["score"] for r in rows] == sorted((r["score"] for r in rows), reverse=True)
-        source = next(r for r in rows if r["stage"] == "source")
-        assert source["score"] == pytest.approx(1.0)  # every term is 1.0 for stage 0
+        assert [r.score for r in rows] == sorted((r.score for r in rows), reverse=True)
+        source = next(r for r in rows if r.stage == "source")
+        assert source.score == pytest.approx(1.0)  # every term is 1.0 for stage 0
         for r in rows:
-            assert r["score"] == pytest.approx(sum(v * r["terms"][k] for k, v in w.items()))
+            assert r.score == pytest.approx(sum(v * r.terms[k] for k, v in w.items()))
     stage = {s.name: s for s in report.stages}
     # Throughput: ratio of mean times in the interleaved sessions, chained to stage 0 like the latency ratio.
     for scen in ("b1", "b8"):
@@ -64,8 +64,8 @@ def test_scores_are_the_weighted_normalized_terms(swept: tuple[RunReport, Path])
         expected = (export.parent_latency.mean_ms / export.latency.mean_ms) * (
             ort.parent_latency.mean_ms / ort.latency.mean_ms
         )
-        row = next(r for r in ranking[scen] if r["stage"] == "ort_session")
-        assert row["terms"]["throughput"] == pytest.approx(expected)
+        row = next(r for r in ranking[scen] if r.stage == "ort_session")
+        assert row.terms["throughput"] == pytest.approx(expected)
     assert deployability(stage["source"]) == 0.25
     assert deployability(stage["ort_session"]) == 1.0
     assert deployability(stage["int8"]) == 0.5
@@ -83,7 +83,7 @@ def test_recommendation_never_picks_a_rejected_stage(swept: tuple[RunReport, Pat
     assert second is not None and second != best
     assert lines[0].startswith(f"Deploy `{second}`")
     # Wherever the rejected stage still tops a scenario, the output says why it is not the one.
-    tops = [rows[0]["stage"] for rows in rank(rejected, {"latency": 1.0}).values()]
+    tops = [rows[0].stage for rows in rank(rejected, {"latency": 1.0}).values()]
     flagged = [line for line in lines if f"`{best}` scores higher" in line]
     assert len(flagged) == tops.count(best)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from optimizer.measure.accuracy import AccuracyMeter, budget_verdict
-from optimizer.measure.stats import LatencyStats, speedup
+from optimizer.measure.stats import latency_stats, speedup
 from optimizer.recipe.schema import AccuracyBudget
 
 
@@ -17,7 +17,7 @@ def rounds(
 
 
 def test_latency_percentiles() -> None:
-    stats = LatencyStats.of(list(range(1, 101)))
+    stats = latency_stats(list(range(1, 101)))
     assert stats.p50_ms == pytest.approx(50.5)
     assert stats.p90_ms == pytest.approx(90.1)
     assert stats.p99_ms == pytest.approx(99.01)

@@ -260,7 +260,7 @@ def test_nulls_keep_the_cache(few_rounds_run: Path) -> None:
 
     recipe = parse_recipe(mlp_recipe(benchmark=FEW_ROUNDS), "x.yaml", few_rounds_run.parent)
     records = Pipeline(recipe, few_rounds_run).execute()
-    assert [r.notes.get("cache") for r in records] == [None, None, None]
+    assert [r.cache_note for r in records] == [None, None, None]
     assert all(r.status == "cached" for r in records[1:]), [r.status for r in records]
 
 

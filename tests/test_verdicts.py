@@ -17,13 +17,13 @@ from onnx import TensorProto, helper, numpy_helper
 from test_report_schema import report_of
 
 from optimizer.core.artifact import Artifact
-from optimizer.core.metrics import Latency, Speedup
+from optimizer.core.metrics import Speedup
 from optimizer.core.pass_base import Pass, PassContext, PassResult
 from optimizer.engine.pipeline import Pipeline
 from optimizer.measure.accuracy import AccuracyMeter, budget_verdict
 from optimizer.measure.best import best_stage
 from optimizer.measure.harness import Timed, measure
-from optimizer.measure.stats import LatencyStats, calls_to_resolve, quantile_ci
+from optimizer.measure.stats import calls_to_resolve, latency_stats, quantile_ci
 from optimizer.recipe.loading import load_recipe
 from optimizer.recipe.schema import AccuracyBudget, BenchmarkSettings
 from optimizer.report.build import findings
@@ -156,7 +156,7 @@ def test_calibration_shares_no_sentence_with_the_accuracy_samples() -> None:
 # ---------------------------------------------------------------- tail latency with its confidence
 def test_p99_of_100_calls_is_not_resolved_and_of_400_it_is() -> None:
     rng = np.random.default_rng(0)
-    few = Latency.model_validate(LatencyStats.of(rng.exponential(size=100)).to_json())
+    few = latency_stats(rng.exponential(size=100))
     assert few.p99_ci is None and few.p90_ci is not None
     assert tail_cell(few) == "n.r." and tail_cell(few, "p90") != "n.r."
     many = rng.exponential(size=4000)
@@ -174,7 +174,7 @@ def test_resolve_tail_takes_enough_calls() -> None:
     child = Timed(RecordingSession(), [0, 1])
     measure(child, None, BenchmarkSettings(warmup=0, rounds=2, iterations=10, resolve_tail=True, max_rounds=60))
     assert len(child.samples()) >= 368
-    assert LatencyStats.of(child.samples()).p99_ci is not None
+    assert latency_stats(child.samples()).p99_ci is not None
 
 
 # ---------------------------------------------------------------- one rule for "best"
@@ -222,7 +222,7 @@ def disagreeing_report() -> RunReport:
 def test_best_follows_the_chained_ratios_not_raw_p50s_everywhere(tmp_path: Path) -> None:
     from optimizer.core.stage import StageRecord
     from optimizer.deploy.bundle import pick_stage
-    from optimizer.engine.sweep import pick_stage as sweep_pick
+    from optimizer.engine.sweep import pick_sweep_stage as sweep_pick
     from optimizer.report.select import recommend
 
     report = disagreeing_report()
@@ -506,10 +506,10 @@ def test_cache_follows_file_content_and_rebuilds_damaged_stages(tmp_path: Path) 
     model = replaced[1].artifact.path
     model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])  # truncated
     rebuilt = Pipeline(recipe, out).execute()
-    assert rebuilt[1].status == "ran" and "rebuilt" in rebuilt[1].notes.get("cache", "")
+    assert rebuilt[1].status == "ran" and "rebuilt" in (rebuilt[1].cache_note or "")
     rebuilt[1].artifact.path.unlink()  # deleted
     again = Pipeline(recipe, out).execute()
-    assert again[1].status == "ran" and "rebuilt" in again[1].notes.get("cache", "")
+    assert again[1].status == "ran" and "rebuilt" in (again[1].cache_note or "")
 
 
 def _chain_run(moves: dict[tuple[str, str], float]) -> RunReport:
@@ -678,7 +678,8 @@ def test_pass_timings_run_two_sessions_of_each_artifact(tmp_path: Path) -> None:
     art = Artifact("onnx", tmp_path / "chain.onnx", {})
     result = ctx.time(art, art, [{"x": np.ones((1, 64), np.float32)}])
     assert len(opened) == 4  # two sessions a side
-    assert result["low"] <= result["in_run_low"] and result["high"] >= result["in_run_high"]
+    assert result.in_run_low is not None and result.in_run_high is not None
+    assert result.low <= result.in_run_low and result.high >= result.in_run_high
 
 
 def test_the_legend_names_the_largest_spread_between_sessions() -> None:

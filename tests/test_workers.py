@@ -87,7 +87,7 @@ def test_overlapping_windows_same_host_only() -> None:
 
     def rep(*windows: dict[str, Any]) -> RunReport:
         return report_of([{"index": 0, "name": "source", "type": "source", "parent": None, "status": "ran",
-                           "notes": {"timed_windows": list(windows)}}])
+                           "pass_timed_windows": list(windows)}])
 
     a = rep(window("h1", 10.0, 20.0, "a"), window("h1", 30.0, 40.0, "b"))
     b = rep(window("h1", 19.0, 25.0, "c"), window("h2", 10.0, 40.0, "d"))
@@ -214,7 +214,7 @@ def test_ctx_time_holds_the_bench_slot(tmp_path: Path, monkeypatch: pytest.Monke
     with bench_slot.collect_windows() as seen:
         result = ctx.time(Still(), Still(), [{}])
     assert held == [True] and not bench_slot.holding()
-    assert [w.what for w in seen] == ["int8_hybrid hybrid timing"] and result["speedup"] == pytest.approx(2.0)
+    assert [w.what for w in seen] == ["int8_hybrid hybrid timing"] and result.ratio == pytest.approx(2.0)
 
 
 @pytest.mark.slow

@@ -89,13 +89,13 @@ def compare(
     write_json(run_dir / "compare.json", s)
     write_text(run_dir / "compare.md", compare_markdown(s))
     source = report.stages[0]  # A itself did not run: nothing was compared, the error says why
-    if source.status == "failed" and _ran_on_inputs(source.notes.get("traceback", "")):
+    if source.status == "failed" and _ran_on_inputs(source.traceback or ""):
         given = "the recipe's inputs" if recipe is not None or any(x.recipe for x in (side_a, side_b)) \
             else "the generated inputs"
         fail(opts, f"A: {given} do not fit A ({source.reason}); give them with --recipe (inputs with a range or "
                    f"fill per input, or a data_file)", 2)
     if source.status == "failed":
-        fail(opts, f"A: {source.reason}", 2 if source.notes.get("error_kind") == "input" else 1)
+        fail(opts, f"A: {source.reason}", 2 if source.error_kind == "input" else 1)
     if fmt == "json":
         print(strict_json_dumps(s, indent=2))
     elif fmt == "md":
@@ -127,7 +127,7 @@ def compare(
     if s["status"] not in ("ran", "cached") or report.failed_stages:
         why = s.get("reason") or ", ".join(report.failed_stages)
         b_stage = report.stage(s["b"]["stage"])
-        usage = b_stage is not None and b_stage.notes.get("error_kind") == "input"
+        usage = b_stage is not None and b_stage.error_kind == "input"
         fail(opts, f"B was not measured against A: {why}", 2 if usage else 1)
 
 

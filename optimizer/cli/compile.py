@@ -239,7 +239,7 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
     failure = source_failure(report) if report else None
     if report and failure is None:
         show_report(report, run_dir, opts)
-    elif failure is not None and opts.debug and (trace := records[0].notes.get("traceback")):
+    elif failure is not None and opts.debug and (trace := records[0].traceback):
         opts.err.print(f"{records[0].name}:\n{trace}", highlight=False)
     mlflow_error: str | None = None
     if report and mlflow_uri:  # after the tables: a slow store delays nothing the user needs
@@ -261,7 +261,7 @@ def _finish(opts: Any, recipe: Path, r: Any, records: list[Any], run_dir: Path, 
     if save_error:
         fail(opts, f"{recipe}: {failure}; and {save_error}" if failure else save_error, 1)
     if report and failure:
-        if report.stages[0].notes.get("error_kind") == "input":  # a usage error: the file and field, as validate
+        if report.stages[0].error_kind == "input":  # a usage error: the file and field, as validate
             fail(opts, f"{recipe}: {report.stages[0].reason}", 2)
         fail(opts, f"{recipe}: {failure} (report: {run_dir / 'report.json'})", 1)
     if report and report.failed_stages:

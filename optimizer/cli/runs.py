@@ -214,10 +214,10 @@ def select(
             table.add_column(col, justify="left" if col == "stage" else "right")
         for r in rows:
             table.add_row(
-                r["stage"],
-                f"{r['score']:.3f}",
-                *(f"{r['terms'][k]:.3f}" for k in w),
-                "ok" if r["within_budget"] else "REJECTED",
+                r.stage,
+                f"{r.score:.3f}",
+                *(f"{r.terms[k]:.3f}" for k in w),
+                "ok" if r.within_budget else "REJECTED",
             )
         opts.out.print(table)
     _, lines = recommend(report, w)

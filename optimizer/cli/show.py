@@ -26,8 +26,8 @@ def show_report(report: RunReport, run_dir: Path, opts: CliOptions) -> None:
     out, err = opts.out, opts.err
     failure = source_failure(report)
     if failure is not None:
-        if opts.debug and report.stages[0].notes.get("traceback"):
-            err.print(f"{report.stages[0].name}:\n{report.stages[0].notes['traceback']}", highlight=False)
+        if opts.debug and report.stages[0].traceback:
+            err.print(f"{report.stages[0].name}:\n{report.stages[0].traceback}", highlight=False)
         head, _, rest = failure.partition(":")
         out.print(styled((head, "red"), f":{rest} (report: {run_dir / 'report.json'})"), soft_wrap=True)
         return
@@ -46,8 +46,8 @@ def show_report(report: RunReport, run_dir: Path, opts: CliOptions) -> None:
         out.print(summary)
     if opts.debug:
         for st in report.stages:
-            if st.notes.get("traceback"):
-                err.print(f"{st.name}:\n{st.notes['traceback']}", highlight=False)
+            if st.traceback:
+                err.print(f"{st.name}:\n{st.traceback}", highlight=False)
     out.print(
         "vs parent: stage and parent timed interleaved in one session (~ = within noise); "
         "P50/P99 come from that same session, so compare stages through the ratios.", style="dim"

@@ -32,7 +32,7 @@ class Facts(BaseModel):
 
 
 class Latency(Facts):
-    """Timed calls of one side in milliseconds (measure.stats.LatencyStats)."""
+    """Timed calls of one side in milliseconds (measure.stats.latency_stats)."""
 
     n: int
     p50_ms: float
@@ -58,6 +58,10 @@ class Throughput(Facts):
     tokens_per_s: float | None = None  # batch x seq per second (forward), generated tokens per second (generation)
 
 
+# A ratio's interval against 1: above it, below it, or straddling it.
+SpeedVerdict = Literal["faster", "slower", "within noise"]
+
+
 class Speedup(Facts):
     """Parent P50 / stage P50 from the interleaved session, with its 95% bootstrap interval over rounds, widened by
     the spread between sessions of one artifact when each side ran several (measure.instances)."""
@@ -65,10 +69,22 @@ class Speedup(Facts):
     ratio: float  # > 1: the stage is faster than its input
     low: float
     high: float
-    verdict: Literal["faster", "slower", "within noise"]
+    verdict: SpeedVerdict
     in_run_low: float | None = None  # the interval over rounds alone, for these sessions
     in_run_high: float | None = None
     instance_sd: float | None = None  # log sd of one session's own speed (pooled over the run), in low-high
+
+
+class TimedComparison(Speedup):
+    """What a pass's `ctx.time` answers (measure.services): the candidate against the reference, timed interleaved
+    by the harness; `ratio` is reference P50 / candidate P50 (> 1: the candidate is faster), `low`-`high` its 95%
+    interval, widened by this comparison's own spread between sessions when each side ran several (`in_run_low`,
+    `in_run_high`: the interval over rounds alone)."""
+
+    p50_ms: float  # the candidate's
+    input_p50_ms: float  # the reference's
+    rounds: int
+    calls: int  # the candidate's timed calls
 
 
 class InputsMix(Facts):
@@ -265,6 +281,9 @@ class StageMetrics(Facts):
     within_budget: bool
     budget: str  # the sentence that says why
     budget_edge: bool = False  # the budget metric's interval straddles the line: at the edge, not resolved
+    # seconds each step of measuring this stage took (load, accuracy, time, profile, memory): where a compile's
+    # wall time goes (scripts/compile_phases.py); {} in metrics measured before it was recorded
+    phase_seconds: dict[str, float] = {}
     scenarios: dict[str, ScenarioMetrics]
     machine_load: MachineLoad | None = None
     op_time_ms: dict[str, float] = {}  # per call (generation: per decode step), from op_time_source's profiler

@@ -16,12 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, overload
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import OutputAccuracy, TimedComparison
 
 if TYPE_CHECKING:
     from optimizer.recipe.schema import Recipe
@@ -38,20 +39,31 @@ Outputs = Callable[[Feed], list[np.ndarray]] | Sequence[list[np.ndarray]]
 @dataclass(frozen=True)
 class Check:
     """Per output: cosine, max_abs, max_rel, pooled_cosine... as measure.accuracy computes them (on kept
-    positions when an attention mask applies)."""
+    positions when an attention mask applies), as the report's OutputAccuracy (core.metrics)."""
 
-    per_output: dict[str, dict[str, Any]]
+    per_output: dict[str, OutputAccuracy]
 
     def worst(self, metric: str = "cosine", output: str | None = None, nonfinite_fails: bool = True) -> float:
         """The lowest value of `metric` (over every output, or `output`); a metric an output does not have falls
         back to its cosine. nonfinite_fails: an output with NaN/inf anywhere the reference is finite (padded
         positions too) scores 0; without it only the compared positions count (there a NaN already scores 0)."""
-        def value(a: dict[str, Any]) -> float:
-            if nonfinite_fails and a.get("nonfinite"):
+        def value(a: OutputAccuracy) -> float:
+            if nonfinite_fails and a.nonfinite:
                 return 0.0
-            return float(a[metric] if a.get(metric) is not None else a["cosine"])
+            figure = a.figure(metric)
+            return figure if figure is not None else float(a.cosine)
 
         return min((value(a) for name, a in self.per_output.items() if output is None or name == output), default=1.0)
+
+
+class GenerationAgreement(TypedDict):
+    """Two generations compared (measure.accuracy.generation_agreement): greedy token agreement over the generated
+    sequence, the first step where they differ, the lowest logits cosine of any step and before that step."""
+
+    token_agreement: float
+    first_disagreement: int
+    logits_cosine_min: float
+    logits_cosine_before_divergence: float
 
 
 class PassServices(Protocol):
@@ -61,7 +73,7 @@ class PassServices(Protocol):
 
     def time(
         self, candidate: Any, reference: Any, ctx: PassContext, feeds: Sequence[Feed] | None
-    ) -> dict[str, Any]: ...
+    ) -> TimedComparison: ...
 
     def session(self, artifact: Artifact, ctx: PassContext, device: str) -> AbstractContextManager[Session]: ...
 
@@ -73,6 +85,19 @@ class PassConfig(BaseModel):
     """Base for every pass's Config: unknown fields are an error, so typos are caught at validate time."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class PassNotes(BaseModel):
+    """Base of a pass's notes (its `Notes`, declared beside its Config): the keys other code reads back (the
+    report, deploy) are typed fields; the rest of the pass's account is kept as written (extra keys allowed, so a
+    stage.json or report.json from another version still reads). report.json holds `to_json()`; a reader gets the
+    typed view back with `Notes.model_validate(stage.notes)`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys that were given (typed fields dumped to plain JSON values, extra ones as they are)."""
+        return self.model_dump(exclude_unset=True)
 
 
 @dataclass
@@ -89,23 +114,25 @@ class PassContext:
     progress: Callable[[str, int, int], None] = field(default=lambda what, done, total: None)
 
     @overload
-    def check(self, reference: Generation, candidate: Generation, feeds: None = None) -> dict[str, Any]: ...
+    def check(self, reference: Generation, candidate: Generation, feeds: None = None) -> GenerationAgreement: ...
 
     @overload
     def check(
         self, reference: Artifact | Outputs, candidate: Artifact | Outputs, feeds: Sequence[Feed] | None = None
     ) -> Check: ...
 
-    def check(self, reference: Any, candidate: Any, feeds: Sequence[Feed] | None = None) -> Check | dict[str, Any]:
+    def check(
+        self, reference: Any, candidate: Any, feeds: Sequence[Feed] | None = None
+    ) -> Check | GenerationAgreement:
         """Candidate against reference through the one accuracy implementation. Artifacts, functions of a feed
         or precomputed outputs (see Outputs) give a Check over `feeds` (default: every sample of every
-        scenario); two generations (runtime.generation.Generation) give their token agreement and logits
-        cosine as a dict."""
+        scenario); two generations (runtime.generation.Generation) give their GenerationAgreement."""
         return self.services.check(reference, candidate, self, feeds)
 
-    def time(self, candidate: Any, reference: Any, feeds: Sequence[Feed] | None = None) -> dict[str, Any]:
-        """Candidate timed interleaved with reference by the harness (the recipe's benchmark settings): speedup
-        with its interval and verdict, both P50s. Artifacts (`benchmark.instances` sessions each, the interval
+    def time(self, candidate: Any, reference: Any, feeds: Sequence[Feed] | None = None) -> TimedComparison:
+        """Candidate timed interleaved with reference by the harness (the recipe's benchmark settings): the ratio
+        (> 1: the candidate is faster) with its interval and verdict, both P50s (core.metrics.TimedComparison).
+        Artifacts (`benchmark.instances` sessions each, the interval
         widened by the spread between them), or open sessions (one each)."""
         return self.services.time(candidate, reference, self, feeds)
 
@@ -136,21 +163,37 @@ def timing_key(recipe: Recipe) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PassResult:
+    """What a pass made: the artifact, whether it changed anything, and its account (its Notes model, or a plain
+    mapping for a pass whose notes nothing reads back)."""
+
     artifact: Artifact
     modified: bool
-    notes: Mapping[str, Any] = field(default_factory=dict)
+    notes: PassNotes | Mapping[str, Any] = field(default_factory=dict)
+
+    def notes_json(self) -> dict[str, Any]:
+        """The notes as stage.json and report.json hold them."""
+        return self.notes.to_json() if isinstance(self.notes, PassNotes) else dict(self.notes)
 
 
-class Pass(ABC):
+ConfigT = TypeVar("ConfigT", bound=PassConfig)
+
+
+class Pass(ABC, Generic[ConfigT]):
+    """A pass over artifacts, generic in its Config: `class FusePass(Pass[FuseConfig])` declares `Config =
+    FuseConfig`, and `self.config` is typed as one. Its registry key (core.registry.PASSES) is its `name`."""
+
     name: ClassVar[str]
     summary: ClassVar[str]
+    # The class that validates the recipe's `config:` for this pass (a ClassVar cannot name ConfigT: the same class).
     Config: ClassVar[type[PassConfig]] = PassConfig
+    # The model of its notes (PassResult.notes, a stage's `notes` in report.json), for the code that reads them back.
+    Notes: ClassVar[type[PassNotes]] = PassNotes
     consumes: ClassVar[frozenset[str]] = frozenset({"onnx"})
     # Bump when the pass's output changes for the same input and config: it invalidates cached stages.
     version: ClassVar[int] = 1
 
-    def __init__(self, config: PassConfig) -> None:
-        self.config = config
+    def __init__(self, config: ConfigT) -> None:
+        self.config: ConfigT = config
 
     # Python modules the pass needs; a missing one makes the pass unavailable here, with that reason.
     requires: ClassVar[tuple[str, ...]] = ()
@@ -170,7 +213,7 @@ class Pass(ABC):
         return f"{', '.join(missing)} not installed" if missing else None
 
     @classmethod
-    def recipe_reason(cls, config: PassConfig, recipe: Recipe) -> tuple[str, str] | None:
+    def recipe_reason(cls, config: ConfigT, recipe: Recipe) -> tuple[str, str] | None:
         """(a field of the pass's config, why) when this config cannot work with the recipe: refused by validate,
         before anything runs."""
         return None

@@ -1,5 +1,10 @@
 """One stage: StageRecord while the pipeline runs it, StageReport as report.json holds it.
 
+Two accounts of a stage, kept apart: `notes` is the pass's own (what it fused, quantized, declined: open-ended,
+each pass's keys), while what the pipeline says about the stage (why it failed, its cache, when the pass held the
+bench slot) are typed fields. Reports up to schema_version 2 and the stage.json of stages built then kept the
+pipeline's keys in `notes` too; their readers move them to the fields (`split_legacy_notes`).
+
 StageReport lives in core (not beside the run report) because measure.best, which sits below the report, chooses
 among stages by the same fields the report shows.
 """
@@ -20,10 +25,26 @@ from pydantic import (
 )
 
 from optimizer.core.artifact import Artifact
-from optimizer.core.metrics import ScenarioMetrics, StageMetrics
+from optimizer.core.metrics import ScenarioMetrics, StageMetrics, TimedWindow
 
 # "pending": not reached yet, in a report written while the run is going (one that was killed stays so).
 Status = Literal["ran", "cached", "unchanged", "skipped", "failed", "interrupted", "not run", "pending"]
+# "input": the recipe's inputs do not fit the model, a usage error (exit code 2, as validate's).
+ErrorKind = Literal["input"]
+# The notes keys the pipeline wrote before they were fields (reports up to schema_version 2, stage.json files of
+# cached stages), and the field each is now.
+LEGACY_NOTES_KEYS = {
+    "error_kind": "error_kind",
+    "traceback": "traceback",
+    "cache": "cache_note",
+    "timed_windows": "pass_timed_windows",
+}
+
+
+def split_legacy_notes(notes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the pass's notes, {field: value}) from notes that may hold the pipeline's own keys (LEGACY_NOTES_KEYS)."""
+    own = {k: v for k, v in notes.items() if k not in LEGACY_NOTES_KEYS}
+    return own, {LEGACY_NOTES_KEYS[k]: v for k, v in notes.items() if k in LEGACY_NOTES_KEYS}
 
 
 @dataclass
@@ -40,7 +61,11 @@ class StageRecord:
     # The stage whose artifact is in effect here: itself when it ran, else its parent's (skipped/failed
     # stages pass their input through). Attribution of a child is always against this stage's numbers.
     measured_against: str | None = None
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)  # the pass's own (PassResult.notes)
+    error_kind: ErrorKind | None = None
+    traceback: str | None = None  # a failed stage's
+    cache_note: str | None = None  # why a cached folder or metrics.json was not used (rebuilt, measured again)
+    pass_timed_windows: list[TimedWindow] | None = None  # when the pass itself held the bench slot (its ctx.time)
     # As measure returns them and metrics.json caches them: StageMetrics.to_json() ({} until measured).
     metrics: dict[str, Any] = field(default_factory=dict)
     pass_seconds: float | None = None
@@ -51,6 +76,13 @@ class StageRecord:
         return self.status in ("ran", "cached")
 
     def to_json(self) -> dict[str, Any]:
+        """Every field; the pipeline's optional ones only when set, so that a stage without them reads as before."""
+        pipeline = {
+            "error_kind": self.error_kind,
+            "traceback": self.traceback,
+            "cache_note": self.cache_note,
+            "pass_timed_windows": [w.to_json() for w in self.pass_timed_windows] if self.pass_timed_windows else None,
+        }
         return {
             "index": self.index,
             "name": self.name,
@@ -63,6 +95,7 @@ class StageRecord:
             "artifact": self.artifact.to_json() if self.artifact else None,
             "measured_against": self.measured_against,
             "notes": self.notes,
+            **{k: v for k, v in pipeline.items() if v is not None},
             "metrics": self.metrics,
             "pass_seconds": self.pass_seconds,
             "bench_seconds": self.bench_seconds,
@@ -108,7 +141,11 @@ class StageReport(BaseModel):
     folder: str | None = None  # NN-name, inside the run folder
     artifact: ArtifactJson | None = None
     measured_against: str | None = None  # the stage whose artifact is in effect here (see StageRecord)
-    notes: dict[str, Any] = {}  # the pass's own account (what it fused, quantized, declined...)
+    notes: dict[str, Any] = {}  # the pass's own account (what it fused, quantized, declined...): each pass's keys
+    error_kind: ErrorKind | None = None  # a failed stage: "input" when the recipe's inputs do not fit the model
+    traceback: str | None = None  # a failed stage's (shown by --debug)
+    cache_note: str | None = None  # why a cached folder or metrics.json was not used (rebuilt, measured again)
+    pass_timed_windows: list[TimedWindow] | None = None  # when the pass itself held the bench slot (its ctx.time)
     metrics: StageMetrics | None = None  # None: not measured
     pass_seconds: float | None = None
     bench_seconds: float | None = None

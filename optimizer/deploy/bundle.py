@@ -29,7 +29,7 @@ from optimizer.deploy.shared import (
     REFERENCE,
     bundle_session,
     feed_for,
-    graph_io,
+    manifest_io,
     output_problems,
     pbtxt_string,
     reference_feeds,
@@ -78,19 +78,21 @@ def pick_stage(report: RunReport, name: str, scenario: str | None = None) -> Sta
 
 
 def _precision(stage: StageReport) -> dict[str, Any]:
-    notes = stage.notes
+    """The manifest's `precision`: what the stage's own notes say ran (its pass's Notes model)."""
+    from passes.nncf_int8 import NncfInt8Notes
+    from passes.quantize import QuantizeNotes
+
     if stage.type in ("openvino", "nncf_int8"):  # what the compiled model ran, per runtime precision
-        ran = notes.get("precision") or {}
-        layers = ran.get("layers") or {}
-        int8 = sum(n for p, n in layers.items() if p in ("i8", "u8"))
-        return {"mode": "int8" if int8 else ran.get("hint", "f32"), "hint": ran.get("hint"), "layers": layers,
-                **({"fake_quantize_nodes": notes["fake_quantize_nodes"]} if "fake_quantize_nodes" in notes else {})}
+        ov = NncfInt8Notes.model_validate(stage.notes)  # an openvino stage's notes are the same less FakeQuantize
+        ran = ov.precision
+        hint = ran.hint if ran is not None else None
+        layers = ran.layers if ran is not None else {}
+        int8 = ran is not None and ran.int8_layers() > 0
+        return {"mode": "int8" if int8 else hint or "f32", "hint": hint, "layers": layers,
+                **({"fake_quantize_nodes": ov.fake_quantize_nodes} if "fake_quantize_nodes" in stage.notes else {})}
     if stage.type == "quantize":
-        return {
-            "mode": notes.get("mode"),
-            "int8_nodes": notes.get("int8_nodes"),
-            "quantization_ops": notes.get("quantization_ops"),
-        }
+        q = QuantizeNotes.model_validate(stage.notes)
+        return {"mode": q.mode, "int8_nodes": q.int8_nodes, "quantization_ops": q.quantization_ops}
     return {"mode": "fp32"}
 
 
@@ -168,7 +170,7 @@ def _forward_bundle(report: RunReport, artifact: Artifact, fmt: str, root: Path,
             results.append(dict(zip(session.output_names, outputs, strict=True)))
     np.savez(root / REFERENCE, **arrays)
     _polygraphy_reference(root, feeds, results)
-    inputs, outputs = graph_io(model_dir / "model.onnx")
+    inputs, outputs = manifest_io(model_dir / "model.onnx")
     if fmt == "triton":
         (root / "config.pbtxt").write_text(triton_config(model_name, inputs, outputs, report, artifact.runtime))
     return {
@@ -433,7 +435,7 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
     the host's bench slot as compile's timings do (a compile's timing and this one never overlap)."""
     from optimizer.measure.bench_slot import bench_slot
     from optimizer.measure.harness import time_calls, warm_up
-    from optimizer.measure.stats import LatencyStats
+    from optimizer.measure.stats import latency_stats
 
     manifest = load_bundle(root)  # checked: files inside it and as exported, options and threads in bounds
     if manifest.get("workload") == "generation":
@@ -455,7 +457,7 @@ def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
             warm_up(Bare(), feed, 5)  # type: ignore[arg-type]
             samples = [x for _ in range(rounds) for x in time_calls(Bare(), feed, iterations)]  # type: ignore[arg-type]
             out[scen] = {
-                "latency": LatencyStats.of(samples).to_json(),
+                "latency": latency_stats(samples).to_json(),
                 "recorded_p50_ms": manifest["benchmark"].get(scen, {}).get("latency", {}).get("p50_ms"),
             }
     return out

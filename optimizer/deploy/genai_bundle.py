@@ -21,7 +21,7 @@ from optimizer.core.errors import OptimizerError
 from optimizer.deploy.shared import (
     GENERATION_TOLERANCE,
     bundle_session,
-    graph_io,
+    manifest_io,
     write_generation_reference,
 )
 from optimizer.report.schema import RunReport
@@ -50,7 +50,7 @@ def export_genai_bundle(report: RunReport, artifact: Artifact, root: Path) -> di
     options = config["model"]["decoder"].setdefault("session_options", {})
     options["intra_op_num_threads"] = int(artifact.runtime.get("intra_op_threads") or report.settings.threads)
     (root / config_name).write_text(json.dumps(config, indent=4))
-    inputs, outputs = graph_io(root / artifact.path.name)
+    inputs, outputs = manifest_io(root / artifact.path.name)
     manifest: dict[str, Any] = {
         "workload": "generation",
         "graphs": {"model": artifact.path.name, "genai_config": config_name},
@@ -74,19 +74,10 @@ def genai_runtime_tokens(root: Path, prompt: np.ndarray, new: int) -> np.ndarray
     """GenAI's own runtime on the bundle folder: greedy, exactly `new` tokens for each prompt row."""
     import onnxruntime_genai as og
 
+    from optimizer.runtime.genai_runtime import genai_generate
+
     model = og.Model(str(root))
-    rows = []
-    for row in prompt:
-        params = og.GeneratorParams(model)
-        total = len(row) + new
-        params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=1)
-        gen = og.Generator(model, params)
-        gen.append_tokens(row[None, :].astype(np.int32))
-        tokens: list[int] = []
-        while len(tokens) < new and not gen.is_done():
-            gen.generate_next_token()
-            tokens.append(int(gen.get_next_tokens()[0]))
-        rows.append(tokens)
+    rows = [genai_generate(model, row[None, :], new).tokens for row in prompt]
     return np.array(rows, np.int64)
 
 

@@ -22,7 +22,7 @@ from optimizer.deploy.shared import (
     GENERATION_TOLERANCE,
     REFERENCE,
     bundle_session,
-    graph_io,
+    manifest_io,
     write_generation_reference,
 )
 from optimizer.report.schema import RunReport
@@ -73,7 +73,7 @@ def export_generation_bundle(
         },
         "loop": "greedy: prefill(prompt) -> logits, cache; then decode(token, mask, cache) per new token",
         "io": {
-            part: dict(zip(("inputs", "outputs"), graph_io(root / name), strict=True))
+            part: dict(zip(("inputs", "outputs"), manifest_io(root / name), strict=True))
             for part, name in (("prefill", artifact.path.name), ("decode", decode.name))
         },  # fmt: skip
         "tolerance": dict(GENERATION_TOLERANCE),
@@ -115,7 +115,7 @@ def verify_generation(root: Path, manifest: dict[str, Any]) -> list[str]:
 
 def bench_generation(root: Path, manifest: dict[str, Any], rounds: int, iterations: int) -> dict[str, Any]:
     """Whole generations on each reference prompt: task time, TTFT and TPOT, beside the compile-time P50."""
-    from optimizer.measure.stats import LatencyStats
+    from optimizer.measure.stats import latency_stats
 
     gen = _generator(root, manifest)
     out = {}
@@ -126,9 +126,9 @@ def bench_generation(root: Path, manifest: dict[str, Any], rounds: int, iteratio
             runs = [gen.generate(prompt, new, keep_logits=False) for _ in range(rounds * iterations)]
             recorded = manifest["benchmark"].get(scen, {})
             out[scen] = {
-                "latency": LatencyStats.of([g.e2e_ms for g in runs]).to_json(),
-                "ttft": LatencyStats.of([g.ttft_ms for g in runs]).to_json(),
-                "tpot": LatencyStats.of([t for g in runs for t in g.tpot_ms] or [0.0]).to_json(),
+                "latency": latency_stats([g.e2e_ms for g in runs]).to_json(),
+                "ttft": latency_stats([g.ttft_ms for g in runs]).to_json(),
+                "tpot": latency_stats([t for g in runs for t in g.tpot_ms] or [0.0]).to_json(),
                 "recorded_p50_ms": recorded.get("latency", {}).get("p50_ms"),
             }
     return out

@@ -130,7 +130,9 @@ class Cache(BaseModel):
     layers: Annotated[int, Field(strict=True, ge=1, le=10_000)] | None = None
 
 
-class Tensor(BaseModel):
+class ManifestTensor(BaseModel):
+    """An input or output as the manifest lists it (deploy.shared.manifest_io: name, dtype, onnx_type, shape)."""
+
     model_config = ConfigDict(extra="allow")
     name: str
 
@@ -146,8 +148,8 @@ class Manifest(BaseModel):
     workload: Literal["forward", "generation"] | None = None
     graphs: dict[str, BundleFile] | None = None
     cache: Cache | None = None
-    inputs: list[Tensor] = []
-    outputs: list[Tensor] = []
+    inputs: list[ManifestTensor] = []
+    outputs: list[ManifestTensor] = []
     tolerance: Tolerance
     runtime: Runtime | None = None
     benchmark: dict[str, Any] = {}

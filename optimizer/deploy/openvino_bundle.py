@@ -164,7 +164,7 @@ def verify_openvino(root: Path, manifest: dict[str, Any]) -> list[str]:
 def bench_openvino(root: Path, manifest: dict[str, Any], rounds: int, iterations: int) -> dict[str, Any]:
     """The IR timed per reference scenario by the harness's own loop, as compile timed it (alone)."""
     from optimizer.measure.harness import time_calls, warm_up
-    from optimizer.measure.stats import LatencyStats
+    from optimizer.measure.stats import latency_stats
 
     session = _session(root, manifest)
     out = {}
@@ -174,7 +174,7 @@ def bench_openvino(root: Path, manifest: dict[str, Any], rounds: int, iterations
             warm_up(session, prepared, 5)
             samples = [x for _ in range(rounds) for x in time_calls(session, prepared, iterations)]
             out[scen] = {
-                "latency": LatencyStats.of(samples).to_json(),
+                "latency": latency_stats(samples).to_json(),
                 "recorded_p50_ms": ((manifest.get("benchmark") or {}).get(scen) or {}).get("latency", {}).get("p50_ms"),
             }
     return out

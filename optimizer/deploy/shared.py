@@ -28,7 +28,7 @@ def onnx_dtype(elem_type: int) -> tuple[str, str]:
         return onnx_name.lower(), onnx_name
 
 
-def graph_io(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def manifest_io(model_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The graph's inputs (initializers left out) and outputs: name, dtype, ONNX type, shape (dim names kept)."""
     from optimizer.runtime import onnx_io
 

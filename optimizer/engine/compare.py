@@ -30,7 +30,7 @@ GENERATED_DTYPES = {"int64", "int32", "float32", "float16", "bool"}  # what reci
 
 
 @dataclass(frozen=True)
-class Side:
+class CompareSide:
     """One model of the comparison: an ONNX file as given, or a stage of a run (`RUN:stage`)."""
 
     label: str  # "A" or "B"
@@ -48,11 +48,11 @@ class Side:
         return self.path.stem
 
 
-def file_side(label: str, spec: str) -> Side:
+def file_side(label: str, spec: str) -> CompareSide:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise OptimizerError(f"{label}: no such file: {spec} (give an ONNX file, or RUN:stage with a run folder or id)")
-    return Side(label, path.resolve(), spec)
+    return CompareSide(label, path.resolve(), spec)
 
 
 def safe(text: str, limit: int = 64) -> str:
@@ -61,7 +61,7 @@ def safe(text: str, limit: int = 64) -> str:
     return name if SAFE_NAME.fullmatch(name) else "compare"
 
 
-def default_name(a: Side, b: Side) -> str:
+def default_name(a: CompareSide, b: CompareSide) -> str:
     return safe(f"compare-{a.short}-{b.short}")
 
 
@@ -206,8 +206,8 @@ def _from_base(base: Recipe | dict[str, Any], notes: list[str]) -> dict[str, Any
 
 
 def compare_recipe(
-    a: Side,
-    b: Side,
+    a: CompareSide,
+    b: CompareSide,
     *,
     base: Recipe | None = None,
     scenarios: list[str] | None = None,

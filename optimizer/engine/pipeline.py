@@ -21,10 +21,10 @@ from pydantic import ValidationError
 
 from optimizer.core.artifact import Artifact, file_sha256
 from optimizer.core.errors import InputError, OptimizerError, PassError
-from optimizer.core.metrics import StageMetrics
+from optimizer.core.metrics import StageMetrics, TimedWindow
 from optimizer.core.pass_base import PassContext
 from optimizer.core.registry import pass_class
-from optimizer.core.stage import StageRecord
+from optimizer.core.stage import StageRecord, split_legacy_notes
 from optimizer.engine import rundir as rd
 from optimizer.measure.bench_slot import bench_slot, collect_windows
 from optimizer.measure.forward import MEASURE_VERSION, Reference, measure_stage
@@ -235,10 +235,10 @@ class Pipeline:
 
     def _sweep(self) -> None:
         """The batch sweep of the chosen stage, cached in batch_sweep.json by stage key and settings."""
-        from optimizer.engine.sweep import pick_stage, run_sweep
+        from optimizer.engine.sweep import pick_sweep_stage, run_sweep
 
         path = self.run.root / "batch_sweep.json"
-        stage = pick_stage(self.recipe, self.records)
+        stage = pick_sweep_stage(self.recipe, self.records)
         if stage is None:
             which = self.recipe.batch_sweep.stage if self.recipe.batch_sweep else "best"
             why = f"batch_sweep.stage {which!r}: no such stage with an artifact (best: none measured within budget)"
@@ -279,7 +279,7 @@ class Pipeline:
             # No reference without stage 0: a measuring run stops there; a build-only run (--no-bench) goes on.
             if unrunnable and rec.index == 0 and self.measure:
                 rec.status, rec.reason = "failed", f"target.device {self.recipe.target.device}: {unrunnable}"
-                rec.notes["error_kind"] = "input"
+                rec.error_kind = "input"
             elif unrunnable:  # built, but this machine cannot run it on the target: keep it for later passes
                 rec.reason = f"not measured: {unrunnable}"
             elif rec.ok and self.measure:
@@ -293,21 +293,21 @@ class Pipeline:
             rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
 
     def _failed(self, rec: StageRecord, e: Exception) -> None:
-        """Record the stage as failed with a one-line reason and the traceback (kept in the report's notes)."""
+        """Record the stage as failed with a one-line reason and its traceback (the stage's `traceback`)."""
         rec.status = "failed"
         if isinstance(e, PassError):
             e.in_stage(rec.name, tuple(r.name for r in self.records[: rec.index] if r.ok))
             rec.reason = e.message
         elif isinstance(e, InputError):
             rec.reason = str(e)
-            rec.notes["error_kind"] = "input"  # the recipe's inputs do not fit the model: a usage error
+            rec.error_kind = "input"  # the recipe's inputs do not fit the model: a usage error
         elif isinstance(e, OptimizerError):
             rec.reason = str(e)
         else:  # a library (or our code) blew up in a way it does not document: keep the run, say what happened
             from optimizer.runtime.errortext import error_line  # the line naming the problem, not a banner
 
             rec.reason = f"{type(e).__name__}: {error_line(str(e))}"
-        rec.notes["traceback"] = "".join(traceback.format_exception(e))
+        rec.traceback = "".join(traceback.format_exception(e))
 
     def _source(self, rec: StageRecord) -> None:
         from optimizer.engine.source import check_budget_output, source_artifact
@@ -393,7 +393,7 @@ class Pipeline:
         if cached is not None:
             info = rd.read_json(cached / rd.STAGE_FILE) or {}
             if not self._intact(self._relocate(Artifact.from_json(info["artifact"]), cached), info):
-                rec.notes["cache"] = f"cached folder {cached.name} was incomplete or changed: rebuilt"
+                rec.cache_note = f"cached folder {cached.name} was incomplete or changed: rebuilt"
                 shutil.rmtree(cached, ignore_errors=True)
                 cached = None
         if cached is not None and cached.name in {r.folder for r in self.records[: rec.index]}:
@@ -406,11 +406,12 @@ class Pipeline:
             folder = self.run.place(cached, rec.index, rec.name)
             info = rd.read_json(folder / rd.STAGE_FILE) or {}
             rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
-            rec.notes, rec.pass_seconds, rec.status = (
-                info.get("notes", {}),
-                info.get("pass_seconds"),
-                "cached",
-            )
+            # stage.json of a stage built before the pipeline's keys left the notes: they move to their fields
+            rec.notes, legacy = split_legacy_notes(info.get("notes", {}))
+            windows = info.get("pass_timed_windows") or legacy.get("pass_timed_windows")
+            rec.pass_timed_windows = [TimedWindow.model_validate(w) for w in windows] if windows else None
+            rec.cache_note = rec.cache_note or info.get("cache_note") or legacy.get("cache_note")
+            rec.pass_seconds, rec.status = info.get("pass_seconds"), "cached"
         else:
             self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
             building = self.run.building_dir(rec.index, rec.name)
@@ -423,10 +424,8 @@ class Pipeline:
                 shutil.rmtree(building, ignore_errors=True)  # a half-built stage is never kept
                 raise
             rec.pass_seconds = time.perf_counter() - start
-            rebuilt = rec.notes.get("cache")
-            rec.notes = dict(result.notes) | ({"cache": rebuilt} if rebuilt else {})
-            if windows:
-                rec.notes["timed_windows"] = [w.to_json() for w in windows]
+            rec.notes = result.notes_json()
+            rec.pass_timed_windows = list(windows) or None
             info = {
                 "key": rec.key,
                 "status": "ran",
@@ -434,6 +433,8 @@ class Pipeline:
                 "config": config,
                 "artifact": self._portable(result.artifact, building),
                 "notes": rec.notes,
+                **({"pass_timed_windows": [w.to_json() for w in windows]} if windows else {}),
+                **({"cache_note": rec.cache_note} if rec.cache_note else {}),  # a rebuild, as the stage was built
                 "pass_seconds": rec.pass_seconds,
                 "file_sizes": {f.name: f.stat().st_size for f in result.artifact.files() if f.is_file()},
                 "file_sha256": {f.name: file_sha256(f) for f in result.artifact.files() if f.is_file()},
@@ -485,9 +486,9 @@ class Pipeline:
             cached = rd.read_json(folder / rd.METRICS_FILE)
             if cached and cached.get("key") == key and cached.get("digest") != _metrics_digest(key, cached):
                 why = "did not match its checksum" if "digest" in cached else "had no checksum (an older version's)"
-                rec.notes["cache"] = f"{rec.folder}/metrics.json {why}: measured again"
+                rec.cache_note = f"{rec.folder}/metrics.json {why}: measured again"
             elif cached and cached.get("key") == key and not _valid_metrics(cached.get("metrics")):
-                rec.notes["cache"] = f"{rec.folder}/metrics.json does not fit the metrics schema: measured again"
+                rec.cache_note = f"{rec.folder}/metrics.json does not fit the metrics schema: measured again"
             elif cached and cached.get("key") == key:
                 reference = _load_reference(ref_path) if rec.index == 0 else None
                 if rec.index > 0 or reference is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import InputError
-from optimizer.recipe.schema import OnnxSource, Recipe
+from optimizer.recipe.schema import SEQ2SEQ_TASKS, OnnxSource, Recipe
 from optimizer.runtime.inputs import FeedSet
 
 
@@ -78,7 +78,10 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
     _check_torch_inputs(module, names)
     _check_sequence_lengths(module, recipe)
     first = next(iter(feeds)).timing
-    returned = discover_outputs(module, names, [torch.from_numpy(first[n]) for n in names])
+    if getattr(recipe.model, "task", None) in SEQ2SEQ_TASKS:  # its forward needs decoder inputs: only the loop runs it
+        returned = ["generation"]
+    else:
+        returned = discover_outputs(module, names, [torch.from_numpy(first[n]) for n in names])
     for i, name in enumerate(recipe.outputs or []):
         if name not in returned:
             raise InputError(f"outputs[{i}]: {name!r} is not an output of the model (it returns: {returned})")

@@ -20,13 +20,13 @@ from optimizer.core.stage import StageRecord
 from optimizer.measure.best import choose_stage
 from optimizer.measure.harness import time_calls, warm_up
 from optimizer.measure.instances import stage_reports
-from optimizer.measure.stats import LatencyStats
+from optimizer.measure.stats import latency_stats
 from optimizer.recipe.schema import Recipe, Scenario
 from optimizer.runtime.inputs import build_feeds, sample_bytes
 from optimizer.runtime.runners import runner_for
 
 
-def pick_stage(recipe: Recipe, records: list[StageRecord]) -> StageRecord | None:
+def pick_sweep_stage(recipe: Recipe, records: list[StageRecord]) -> StageRecord | None:
     """The stage to sweep, chosen as `optimizer export --stage` chooses (measure.best.choose_stage: for "best"
     the one rule), or None."""
     name = recipe.batch_sweep.stage if recipe.batch_sweep else "best"
@@ -56,7 +56,7 @@ def _time_batch(session: Any, recipe: Recipe, scenario: Scenario) -> dict[str, A
     samples = [
         x for _ in range(recipe.benchmark.rounds) for x in time_calls(session, prepared, recipe.benchmark.iterations)
     ]
-    lat = LatencyStats.of(samples)
+    lat = latency_stats(samples)
     return {
         "batch": scenario.batch,
         "p50_ms": lat.p50_ms,

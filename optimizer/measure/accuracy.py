@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from optimizer.core.errors import OptimizerError
+from optimizer.core.metrics import OutputAccuracy
+from optimizer.core.pass_base import GenerationAgreement
 from optimizer.measure.stats import low_quantile_bound
 from optimizer.recipe.schema import AccuracyBudget, Recipe, budget_metric
 from optimizer.runtime.generation import Generation
@@ -51,7 +53,10 @@ def _rows(ref: np.ndarray, got: np.ndarray, mask: np.ndarray | None) -> list[tup
 
 
 @dataclass
-class OutputAccuracy:
+class OutputMeter:
+    """One output's accuracy accumulated over many calls; `to_json` gives the report's OutputAccuracy fields
+    (core.metrics.OutputAccuracy), computed from what was added."""
+
     cosine: float = 1.0
     max_abs: float = 0.0
     max_rel: float = 0.0
@@ -151,7 +156,7 @@ class AccuracyMeter:
 
     def __init__(self, output_names: list[str]) -> None:
         self.names = output_names
-        self.per_output = {n: OutputAccuracy() for n in output_names}
+        self.per_output = {n: OutputMeter() for n in output_names}
 
     def add(self, reference: list[np.ndarray], outputs: list[np.ndarray], mask: np.ndarray | None = None) -> None:
         if len(reference) != len(outputs):
@@ -164,6 +169,10 @@ class AccuracyMeter:
 
     def to_json(self) -> dict[str, Any]:
         return {n: a.to_json() for n, a in self.per_output.items()}
+
+    def accuracy(self) -> dict[str, OutputAccuracy]:
+        """Per output, typed (core.metrics.OutputAccuracy: the fields to_json writes)."""
+        return {n: OutputAccuracy(**a.to_json()) for n, a in self.per_output.items()}
 
 
 def compare(
@@ -231,7 +240,7 @@ def mask_of(feed: dict[str, np.ndarray]) -> np.ndarray | None:
     return feed[name] if name is not None and feed[name].ndim == 2 else None
 
 
-def generation_agreement(reference: Generation, got: Generation) -> dict[str, float]:
+def generation_agreement(reference: Generation, got: Generation) -> GenerationAgreement:
     """Greedy token agreement over the generated sequence, and the logits cosine step by step (the lowest, and
     the lowest before the first disagreement, after which the two runs see different contexts)."""
     same = reference.tokens == got.tokens
@@ -242,9 +251,9 @@ def generation_agreement(reference: Generation, got: Generation) -> dict[str, fl
         num = (a64 * b64).sum(-1)
         den = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1) + 1e-30
         cos.append(float((num / den).min()))
-    return {
-        "token_agreement": float(same.mean()),
-        "first_disagreement": first_diff,
-        "logits_cosine_min": min(cos),
-        "logits_cosine_before_divergence": min(cos[: max(first_diff, 1)]),
-    }
+    return GenerationAgreement(
+        token_agreement=float(same.mean()),
+        first_disagreement=first_diff,
+        logits_cosine_min=min(cos),
+        logits_cosine_before_divergence=min(cos[: max(first_diff, 1)]),
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import Speedup
 from optimizer.measure.harness import Timed, measure, warm_up_all
 from optimizer.measure.stats import speedup
 from optimizer.recipe.schema import BenchmarkSettings, Recipe
@@ -52,14 +53,14 @@ def probe_settings(settings: BenchmarkSettings) -> BenchmarkSettings:
 
 def probe_denormals(
     artifact: Artifact, recipe: Recipe, session: Session, feeds: FeedSet, prepared: dict[str, list[Any]]
-) -> dict[str, Any]:
-    """Per scenario, the stage's P50 over its flushed twin's (core.metrics.Speedup as JSON; > 1: flushing would
-    make it faster), timed interleaved with `session`, the stage's own warm session."""
+) -> dict[str, Speedup]:
+    """Per scenario, the stage's P50 over its flushed twin's (> 1: flushing would make it faster), timed
+    interleaved with `session`, the stage's own warm session."""
     from optimizer.runtime.runners import runner_for
 
     flushed = artifact.derive(runtime={**artifact.runtime, "denormal_as_zero": True})
     settings = probe_settings(recipe.benchmark)
-    out: dict[str, Any] = {}
+    out: dict[str, Speedup] = {}
     with runner_for(flushed, recipe).load() as twin:
         for sf in feeds:
             name = sf.scenario.name
@@ -68,5 +69,5 @@ def probe_denormals(
             child = Timed(twin, inputs)
             stage = Timed(session, prepared[name])
             measure(child, stage, settings)
-            out[name] = speedup(stage.rounds, child.rounds, settings.confidence).to_json()
+            out[name] = speedup(stage.rounds, child.rounds, settings.confidence)
     return out

@@ -23,22 +23,22 @@ from optimizer.core.metrics import (
     Memory,
     NvmlSummary,
     ScenarioMetrics,
-    Speedup,
     StageMetrics,
     Throughput,
     Transfers,
 )
-from optimizer.measure.accuracy import AccuracyMeter, mask_of, recipe_verdict
+from optimizer.measure.accuracy import AccuracyMeter, Verdict, mask_of, recipe_verdict
 from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.denormal_probe import probe_denormals, probe_reason
 from optimizer.measure.harness import Timed, instances_for, measure, twins_refused, warm_up_all
 from optimizer.measure.machine import LoadSampler
+from optimizer.measure.phases import PhaseClock
 from optimizer.measure.profiles import OpProfile, cuda_kernel_times, ort_op_profile, scenario_profile, torch_profile
-from optimizer.measure.stats import LatencyStats, instance_variance, median_ci_halfwidth, speedup
+from optimizer.measure.stats import instance_variance, latency_stats, median_ci_halfwidth, speedup
 from optimizer.recipe.schema import Recipe
 from optimizer.runtime.gpu.memory import GpuMemoryProbe
 from optimizer.runtime.gpu.nvml import NvmlSampler
-from optimizer.runtime.inputs import Feed, FeedSet
+from optimizer.runtime.inputs import Feed, FeedSet, ScenarioFeeds
 from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
 
@@ -54,8 +54,8 @@ Progress = Callable[[str, int, int], None]
 
 
 def latency_of(samples_ms: list[float] | np.ndarray) -> Latency:
-    """LatencyStats of the samples, as the metrics hold them."""
-    return Latency.model_validate(LatencyStats.of(samples_ms).to_json())
+    """The samples' Latency (measure.stats.latency_stats), as the metrics hold them."""
+    return latency_stats(samples_ms)
 
 
 def _rss() -> int:
@@ -169,6 +169,140 @@ def _twins(sessions: list[Session], samples: list[Feed], warmup: int) -> list[tu
     return out
 
 
+def _load(stack: ExitStack, artifact: Artifact, recipe: Recipe, feeds: FeedSet
+          ) -> tuple[Session, dict[str, list[Any]], float, float | None, str | None]:
+    """The stage's session (on `stack`), its inputs prepared per scenario and warmed up, and the memory that took:
+    (session, prepared, host MB grown, GPU MB, how the GPU figure was read)."""
+    before = _rss()
+    gpu_probe = GpuMemoryProbe(recipe.target.device).start()
+    session = stack.enter_context(runner_for(artifact, recipe).load())
+    prepared = {sf.scenario.name: [session.prepare(f) for f in sf.samples] for sf in feeds}
+    for name in prepared:
+        warm_up_all(session, prepared[name], recipe.benchmark.warmup)
+    memory_mb = (_rss() - before) / 2**20
+    gpu_memory_mb, gpu_memory_method = gpu_probe.result()
+    return session, prepared, memory_mb, gpu_memory_mb, gpu_memory_method
+
+
+def _check(session: Session, feeds: FeedSet, reference: Reference | None, recipe: Recipe
+           ) -> tuple[dict[str, Any], Verdict, Reference | None, int | None]:
+    """Accuracy against stage 0 (reference=None: this is stage 0, its outputs become the reference): (accuracy,
+    the budget's verdict, the new reference or None, stage 0's own NaN/inf count or None)."""
+    new_reference = run_all(session, feeds) if reference is None else None
+    # Stage 0's own NaN/inf: every later stage is compared against them (NaN agrees with NaN), so say so.
+    nonfinite_reference = (
+        sum(int(np.sum(~np.isfinite(o))) for s in new_reference.values() for outs in s for o in outs
+            if np.issubdtype(o.dtype, np.floating))
+        if new_reference is not None
+        else None
+    )
+    accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
+    return accuracy, recipe_verdict(accuracy, recipe), new_reference, nonfinite_reference
+
+
+def _time_scenario(session: Session, child: Timed, other: Timed | None, recipe: Recipe, sf: ScenarioFeeds,
+                   tick: Callable[[int, Any], None]) -> ScenarioMetrics:
+    """One scenario timed (harness.measure: the one loop) and its figures: latency over the mix, throughput, on
+    a GPU the device time, copies, NVML and kernels; against the parent the interleaved ratio and the spread
+    between instances. tick(round, NVML sampler or None) between rounds."""
+    settings = recipe.benchmark
+    name = sf.scenario.name
+    with NvmlSampler() if recipe.target.device == "cuda" else nullcontext() as sampler:
+        measure(child, other, settings, lambda r: tick(r, sampler))
+    stats = latency_of(child.samples())
+    entry = ScenarioMetrics(
+        latency=stats,
+        throughput=_throughput(recipe, name, stats.mean_ms),
+        iterations=len(child.samples()),
+        rounds=len(child.rounds),
+        median_ci_halfwidth=median_ci_halfwidth(child.samples()),
+        # the mix the latency was taken over
+        inputs=InputsMix.model_validate(sf.lengths() or {"samples": len(sf.samples)}),
+        # Kept so that runs can be compared later (optimizer diff) with their real spread.
+        samples_ms=[round(x, 4) for x in child.samples()],
+    )
+    if child.device_rounds:  # GPU stages: compute time apart from host latency and from copies
+        entry.gpu_latency = latency_of([x for r in child.device_rounds for x in r])
+        entry.transfers = Transfers.model_validate(session.transfer_ms(sf.timing))  # type: ignore[attr-defined]
+        entry.nvml = NvmlSummary.model_validate(sampler.summary() if sampler is not None else {})
+    if recipe.target.device == "cuda":  # kernels run and host launches per call (any runtime, via CUPTI)
+        from optimizer.runtime.gpu.kernels import profile_kernels
+
+        counts = profile_kernels(lambda p=child.inputs[0]: session.run(p))
+        entry.cuda_kernels = CudaKernels.model_validate(counts)
+    if other is not None:
+        entry.parent_latency = latency_of(other.samples())
+        entry.vs_parent = speedup(other.rounds, child.rounds, settings.confidence)
+        spread = instance_variance(other.rounds, child.rounds, other.instance_rounds, child.instance_rounds)
+        if spread is not None:  # the interval is widened by the run's pooled spread (measure.instances)
+            entry.instance_variance, entry.instance_df = spread.variance, spread.df
+            entry.instance_factor = spread.factor
+    return entry
+
+
+def _time(
+    stack: ExitStack,
+    session: Session,
+    prepared: dict[str, list[Any]],
+    artifact: Artifact,
+    parent: Artifact | None,
+    recipe: Recipe,
+    feeds: FeedSet,
+    progress: Progress,
+    label: str,
+) -> tuple[dict[str, ScenarioMetrics], MachineLoad | None, str | None]:
+    """The parent and the twins loaded (on `stack`), then every scenario timed in the host's bench slot, then the
+    denormal probe: (per scenario metrics, other processes' load meanwhile, why twins were refused or None)."""
+    settings = recipe.benchmark
+    parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
+    # Twins: more sessions of the stage and of its parent, timed in turn (measure.harness), loaded after the
+    # memory reading so that it stays one session's, and prepared and warmed before the bench slot.
+    child_twins, parent_twins, twin_note = _load_twins(stack, artifact, parent, recipe)
+    twin_inputs = {
+        sf.scenario.name: (_twins(child_twins, sf.samples, settings.warmup),
+                           _twins(parent_twins, sf.samples, settings.warmup))
+        for sf in feeds
+    }
+    scenarios: dict[str, ScenarioMetrics] = {}
+    total, done = len(prepared) * settings.rounds, 0
+    with bench_slot(f"{label} timing"):
+        with LoadSampler() as load:
+            for sf in feeds:
+                name = sf.scenario.name
+                child = Timed(session, prepared[name], twins=twin_inputs[name][0])
+                other = None
+                if parent_session is not None:
+                    other = Timed(
+                        parent_session, [parent_session.prepare(f) for f in sf.samples], twins=twin_inputs[name][1]
+                    )
+                    warm_up_all(parent_session, other.inputs, settings.warmup)
+
+                def tick(r: int, nvml: Any, base: int = done, scen: str = name) -> None:
+                    if nvml is not None:  # between rounds: no sampling thread contends with the timed calls
+                        nvml.sample()
+                    progress(f"timing {scen}", base + r, total)
+
+                scenarios[name] = _time_scenario(session, child, other, recipe, sf, tick)
+                done += settings.rounds
+        if probe_reason(artifact, recipe) is None:  # the same stage with denormals flushed, briefly, interleaved
+            progress("probing denormals", 0, 0)
+            for scen_name, vs_flushed in probe_denormals(artifact, recipe, session, feeds, prepared).items():
+                scenarios[scen_name].denormal_probe = vs_flushed
+    return scenarios, MachineLoad.model_validate(load.result) if load.result else None, twin_note
+
+
+def _profile(artifact: Artifact, recipe: Recipe, session: Session, feeds: FeedSet, prepared: dict[str, list[Any]],
+             scenarios: dict[str, ScenarioMetrics], progress: Progress, label: str) -> tuple[OpProfile, str | None]:
+    """Every scenario's op-type profile onto its ScenarioMetrics, in the bench slot; returns the first
+    scenario's (the stage-level fields) with its profiler's name."""
+    progress("profiling op types", 0, 0)
+    with bench_slot(f"{label} profile"):  # profiled calls are timings too
+        profiles = _op_profiles(artifact, recipe, session, feeds, prepared)
+    for scen_name, (scen_profile, scen_source) in profiles.items():
+        scenarios[scen_name].profile = scenario_profile(scen_profile, scen_source)
+    return profiles[next(iter(feeds)).scenario.name]
+
+
 def measure_stage(
     artifact: Artifact,
     parent: Artifact | None,
@@ -178,111 +312,25 @@ def measure_stage(
     progress: Progress,
     label: str = "stage",
 ) -> tuple[dict[str, Any], Reference | None]:
-    """Metrics of one stage, built as core.metrics.StageMetrics and returned as its JSON (what the engine adds the
-    graph facts to and caches in metrics.json). With reference=None the stage is stage 0 and its outputs become
-    the reference. The host's bench slot is held only while something is timed ("<label> timing", "<label>
-    profile"): loading, the accuracy run and the memory probe may overlap other compiles' build work."""
-    settings = recipe.benchmark
+    """Metrics of one stage (load, accuracy, time, profile, memory), built as core.metrics.StageMetrics and
+    returned as its JSON (what the engine adds the graph facts to and caches in metrics.json). With
+    reference=None the stage is stage 0 and its outputs become the reference. The host's bench slot is held only
+    while something is timed ("<label> timing", "<label> profile"): loading, the accuracy run and the memory
+    probe may overlap other compiles' build work."""
     gc.collect()
+    clock = PhaseClock()
     with ExitStack() as stack:
-        before = _rss()
-        gpu_probe = GpuMemoryProbe(recipe.target.device).start()
-        session = stack.enter_context(runner_for(artifact, recipe).load())
-        prepared = {sf.scenario.name: [session.prepare(f) for f in sf.samples] for sf in feeds}
-        for name in prepared:
-            warm_up_all(session, prepared[name], settings.warmup)
-        memory_mb = (_rss() - before) / 2**20
-        gpu_memory_mb, gpu_memory_method = gpu_probe.result()
-
-        new_reference = run_all(session, feeds) if reference is None else None
-        # Stage 0's own NaN/inf: every later stage is compared against them (NaN agrees with NaN), so say so.
-        nonfinite_reference = (
-            sum(int(np.sum(~np.isfinite(o))) for s in new_reference.values() for outs in s for o in outs
-                if np.issubdtype(o.dtype, np.floating))
-            if new_reference is not None
-            else None
-        )
-        accuracy = _accuracy(session, feeds, reference if reference is not None else new_reference)  # type: ignore[arg-type]
-        verdict = recipe_verdict(accuracy, recipe)
-
-        parent_session = stack.enter_context(runner_for(parent, recipe).load()) if parent else None
-        # Twins: more sessions of the stage and of its parent, timed in turn (measure.harness), loaded after the
-        # memory reading so that it stays one session's, and prepared and warmed before the bench slot.
-        child_twins, parent_twins, twin_note = _load_twins(stack, artifact, parent, recipe)
-        twin_inputs = {
-            sf.scenario.name: (_twins(child_twins, sf.samples, settings.warmup),
-                               _twins(parent_twins, sf.samples, settings.warmup))
-            for sf in feeds
-        }
-        timing = stack.enter_context(ExitStack())  # closed after the timing loop (or by the outer stack on errors)
-        timing.enter_context(bench_slot(f"{label} timing"))
-        load = stack.enter_context(LoadSampler())
-        scenarios: dict[str, ScenarioMetrics] = {}
-        total = len(prepared) * settings.rounds
-        done = 0
-        for sf in feeds:
-            name = sf.scenario.name
-            child = Timed(session, prepared[name], twins=twin_inputs[name][0])
-            other = None
-            if parent_session is not None:
-                other = Timed(
-                    parent_session, [parent_session.prepare(f) for f in sf.samples], twins=twin_inputs[name][1]
-                )
-                warm_up_all(parent_session, other.inputs, settings.warmup)
-
-            with NvmlSampler() if recipe.target.device == "cuda" else nullcontext() as sampler:
-
-                def tick(r: int, base: int = done, label: str = name, nvml: Any = sampler) -> None:
-                    if nvml is not None:  # between rounds: no sampling thread contends with the timed calls
-                        nvml.sample()
-                    progress(f"timing {label}", base + r, total)
-
-                measure(child, other, settings, tick)
-            done += settings.rounds
-            stats = latency_of(child.samples())
-            entry = ScenarioMetrics(
-                latency=stats,
-                throughput=_throughput(recipe, name, stats.mean_ms),
-                iterations=len(child.samples()),
-                rounds=len(child.rounds),
-                median_ci_halfwidth=median_ci_halfwidth(child.samples()),
-                # the mix the latency was taken over
-                inputs=InputsMix.model_validate(sf.lengths() or {"samples": len(sf.samples)}),
-                # Kept so that runs can be compared later (optimizer diff) with their real spread.
-                samples_ms=[round(x, 4) for x in child.samples()],
-            )
-            if child.device_rounds:  # GPU stages: compute time apart from host latency and from copies
-                entry.gpu_latency = latency_of([x for r in child.device_rounds for x in r])
-                entry.transfers = Transfers.model_validate(session.transfer_ms(sf.timing))  # type: ignore[attr-defined]
-                entry.nvml = NvmlSummary.model_validate(sampler.summary() if sampler is not None else {})
-            if recipe.target.device == "cuda":  # kernels run and host launches per call (any runtime, via CUPTI)
-                from optimizer.runtime.gpu.kernels import profile_kernels
-
-                counts = profile_kernels(lambda p=prepared[name][0]: session.run(p))
-                entry.cuda_kernels = CudaKernels.model_validate(counts)
-            if other is not None:
-                entry.parent_latency = latency_of(other.samples())
-                vs = speedup(other.rounds, child.rounds, settings.confidence)
-                entry.vs_parent = Speedup.model_validate(vs.to_json())
-                spread = instance_variance(other.rounds, child.rounds, other.instance_rounds, child.instance_rounds)
-                if spread is not None:  # the interval is widened by the run's pooled spread (measure.instances)
-                    entry.instance_variance, entry.instance_df = spread.variance, spread.df
-                    entry.instance_factor = spread.factor
-            scenarios[name] = entry
-        load.__exit__(None, None, None)
-        if probe_reason(artifact, recipe) is None:  # the same stage with denormals flushed, briefly, interleaved
-            progress("probing denormals", 0, 0)
-            for scen_name, vs_flushed in probe_denormals(artifact, recipe, session, feeds, prepared).items():
-                scenarios[scen_name].denormal_probe = Speedup.model_validate(vs_flushed)
-        timing.close()
-        progress("profiling op types", 0, 0)
-        with bench_slot(f"{label} profile"):  # profiled calls are timings too
-            profiles = _op_profiles(artifact, recipe, session, feeds, prepared)
-        for scen_name, (scen_profile, scen_source) in profiles.items():
-            scenarios[scen_name].profile = scenario_profile(scen_profile, scen_source)
-        profile, source = profiles[next(iter(feeds)).scenario.name]  # the stage-level fields: the first scenario
+        session, prepared, memory_mb, gpu_memory_mb, gpu_memory_method = _load(stack, artifact, recipe, feeds)
+        clock.lap("load")
+        accuracy, verdict, new_reference, nonfinite_reference = _check(session, feeds, reference, recipe)
+        clock.lap("accuracy")
+        scenarios, load, twin_note = _time(stack, session, prepared, artifact, parent, recipe, feeds, progress, label)
+        clock.lap("time")
+        profile, source = _profile(artifact, recipe, session, feeds, prepared, scenarios, progress, label)
+        clock.lap("profile")
         progress("measuring memory", 0, 0)
         memory_mb, memory = stage_memory(artifact, recipe, memory_mb)
+        clock.lap("memory")
         metrics = StageMetrics(
             op_time_ms=profile.ops,  # per run, first scenario's timing input, from the runtime's own profiler
             op_time_source=source,
@@ -299,8 +347,9 @@ def measure_stage(
             budget_edge=verdict.edge,
             scenarios=scenarios,
             # other processes' CPU, steal, load average while this stage was timed
-            machine_load=MachineLoad.model_validate(load.result) if load.result else None,
+            machine_load=load,
             nonfinite_reference=nonfinite_reference,  # stage 0 only: NaN/inf in the reference outputs
+            phase_seconds=clock.seconds,
             **({"instance_note": twin_note} if twin_note else {}),
         )
     return metrics.to_json(), new_reference

@@ -9,6 +9,12 @@ belongs to neither stage. One untimed call alone, as before, settled 17 ms calls
 is timed alone with perf_counter_ns around `run`, which is all the
 harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
 
+`interleave` is the one loop that does all this, for every workload: a side is an adapter that settles an
+instance and times a round (`CallsSide`: calls of a session, host and GPU time; measure.generation's
+`GenerationSide`: whole generations), and the stop rule is fixed rounds or `until_resolved` (the median within
+target_ci, the P99 bounded). `measure` (forward stages, ctx.time, the denormal probe), the scripts'
+`interleaved_*` and generation timing are its callers.
+
 A scenario's inputs are run in turn, not only its first: call i of a round runs input (offset + i) mod n, and
 the parent and the child run the same inputs in the same round, so a natural-length mix is timed as served and
 the interleaved ratio still compares like with like.
@@ -25,9 +31,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from optimizer.measure.stats import median_ci_halfwidth, quantile_ci
 from optimizer.recipe.schema import BenchmarkSettings
@@ -106,19 +112,6 @@ def warm_up_all(session: Session, inputs: list[Any], n: int) -> float:
     return float(sum(times[-len(inputs) :]) / len(inputs)) if len(times) >= len(inputs) else times[-1]
 
 
-def _more_rounds(child: Timed, settings: BenchmarkSettings, r: int) -> bool:
-    """Whether to add a round: the fixed count first, then (when asked) until the median is tight and the P99
-    is resolved, up to max_rounds."""
-    if r < settings.rounds:
-        return True
-    if r >= settings.max_rounds:
-        return False
-    samples = child.samples()
-    if settings.target_ci > 0 and median_ci_halfwidth(samples) > settings.target_ci:
-        return True
-    return bool(settings.resolve_tail and quantile_ci(samples, 0.99) is None)
-
-
 def iterations_for(settings: BenchmarkSettings, estimate_ms: float) -> int:
     if settings.min_round_seconds <= 0 or estimate_ms <= 0:
         return settings.iterations
@@ -146,40 +139,121 @@ def instance_for(r: int, is_child: bool, child_instances: int, instances: int) -
     return (pair if is_child else pair + pair // child_instances) % instances
 
 
+class Side(Protocol):
+    """One side of an interleaved measurement, as `interleave` drives it: `instances` sessions (or generators)
+    of one artifact, settled and timed a round at a time, each round's samples kept on the side."""
+
+    @property
+    def instances(self) -> int: ...
+
+    def settle(self, k: int, r: int) -> None:
+        """One untimed call on instance k, on what round r times first (its weights and caches back)."""
+
+    def timed_round(self, k: int, r: int) -> None:
+        """Round r on instance k: its timed calls, recorded on the side with k."""
+
+
+def interleave(
+    sides: Sequence[Side],
+    settle_ms: float,
+    more: Callable[[int], bool],
+    parent: Side | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> int:
+    """The one timing loop: rounds while more(r), the sides in the given order and reversed every other round
+    (ABBA), each side on instance_for's instance (`parent` on the parent's schedule, the others on the child's,
+    paced by the first other side's instance count). With more than one side every turn first sleeps settle_ms
+    (the other side's pool threads stop spinning) and settles the side about to be timed. on_round(rounds done)
+    after each round. Returns the rounds run."""
+    lead = next((s.instances for s in sides if s is not parent), 1)
+    r = 0
+    while more(r):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            k = instance_for(r, side is not parent, lead, side.instances)
+            if len(sides) > 1:
+                time.sleep(settle_ms / 1000)
+                side.settle(k, r)
+            side.timed_round(k, r)
+        r += 1
+        if on_round:
+            on_round(r)
+    return r
+
+
+def fixed_rounds(rounds: int) -> Callable[[int], bool]:
+    """The stop rule of exactly `rounds` rounds."""
+    return lambda r: r < rounds
+
+
+def until_resolved(settings: BenchmarkSettings, samples: Callable[[], list[float]]) -> Callable[[int], bool]:
+    """The stages' stop rule: `settings.rounds` first, then (when asked) more until the median of samples() is
+    within target_ci and (resolve_tail) its P99 is bounded, up to max_rounds."""
+
+    def more(r: int) -> bool:
+        if r < settings.rounds:
+            return True
+        if r >= settings.max_rounds:
+            return False
+        taken = samples()
+        if settings.target_ci > 0 and median_ci_halfwidth(taken) > settings.target_ci:
+            return True
+        return bool(settings.resolve_tail and quantile_ci(taken, 0.99) is None)
+
+    return more
+
+
+@dataclass
+class CallsSide:
+    """A Timed side as `interleave` times it: `calls` calls a round on the inputs in turn (from offset
+    r x calls), host latency each, and the GPU's own time too when the session keeps one and `device` allows."""
+
+    timed: Timed
+    calls: int
+    device: bool = True
+
+    @property
+    def instances(self) -> int:
+        return self.timed.instances
+
+    def _inputs(self, k: int, r: int) -> tuple[Session, list[Any], int]:
+        session, inputs = self.timed.instance(k)
+        offset = (r * self.calls) % len(self.timed.inputs)
+        return session, self.timed.sequence(offset, self.calls, inputs), offset
+
+    def settle(self, k: int, r: int) -> None:
+        session, inputs, _ = self._inputs(k, r)
+        session.run(inputs[0])
+
+    def timed_round(self, k: int, r: int) -> None:
+        side = self.timed
+        session, inputs, offset = self._inputs(k, r)
+        if self.device and getattr(session, "device_time", False):
+            host, device = time_sequence_device(session, inputs)
+            side.rounds.append(host)
+            side.device_rounds.append(device)
+        else:
+            side.rounds.append(time_sequence(session, inputs))
+        side.input_rounds.append([(offset + i) % len(side.inputs) for i in range(self.calls)])
+        side.instance_rounds.append(k)
+
+
 def measure(
     child: Timed,
     parent: Timed | None,
     settings: BenchmarkSettings,
     on_round: Callable[[int], None] | None = None,
 ) -> None:
-    """Fill child.rounds (and parent.rounds) with interleaved timings. Both sessions must be warm."""
-    sides = [s for s in (parent, child) if s is not None]
+    """Fill child.rounds (and parent.rounds) with interleaved timings (`interleave`, the parent first in round
+    0, until_resolved on the child's latencies). Both sessions must be warm. Raises ValueError when the two
+    sides hold different numbers of inputs."""
     if parent is not None and len(parent.inputs) != len(child.inputs):
         raise ValueError(f"parent has {len(parent.inputs)} inputs, the child {len(child.inputs)}: they must match")
-    estimate = max(warm_up_all(*s.instance(k), 1) for s in sides for k in range(s.instances))
+    timed = [s for s in (parent, child) if s is not None]
+    estimate = max(warm_up_all(*s.instance(k), 1) for s in timed for k in range(s.instances))
     n = iterations_for(settings, estimate)
-    r = 0
-    while _more_rounds(child, settings, r):
-        order = sides if r % 2 == 0 else sides[::-1]
-        offset = (r * n) % len(child.inputs)
-        for side in order:
-            k = instance_for(r, side is child, child.instances, side.instances)
-            session, side_inputs = side.instance(k)
-            inputs = side.sequence(offset, n, side_inputs)
-            if parent is not None:  # settle the switch: the other session's threads stop spinning, caches refill
-                time.sleep(settings.settle_ms / 1000)
-                session.run(inputs[0])
-            if getattr(session, "device_time", False):
-                host, device = time_sequence_device(session, inputs)
-                side.rounds.append(host)
-                side.device_rounds.append(device)
-            else:
-                side.rounds.append(time_sequence(session, inputs))
-            side.input_rounds.append([(offset + i) % len(side.inputs) for i in range(n)])
-            side.instance_rounds.append(k)
-        r += 1
-        if on_round:
-            on_round(r)
+    sides = [CallsSide(s, n) for s in timed]
+    interleave(sides, settings.settle_ms, until_resolved(settings, child.samples),
+               parent=sides[0] if parent is not None else None, on_round=on_round)
 
 
 def interleaved_rounds(
@@ -201,23 +275,18 @@ def interleaved_twin_rounds(
 ) -> tuple[dict[str, list[list[float]]], dict[str, list[int]]]:
     """interleaved_rounds where each name has several sessions of one artifact (inputs prepared per session),
     taken in turn by pairs of rounds as `measure` takes twins (`parent` on the parent's schedule, the others on
-    the child's): name -> rounds of latencies, and name -> the session each round used (for instance_variance)."""
+    the child's), through `interleave` for `rounds` rounds, host latency only: name -> rounds of latencies, and
+    name -> the session each round used (for instance_variance)."""
     for name, twins in sessions.items():
         for k, session in enumerate(twins):
             warm_up_all(session, inputs[name][k], 2)
-    out: dict[str, list[list[float]]] = {name: [] for name in sessions}
-    used: dict[str, list[int]] = {name: [] for name in sessions}
-    order = list(sessions)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            k = instance_for(r, name != parent, len(sessions[name]), len(sessions[name]))
-            prepared = inputs[name][k]
-            seq = [prepared[(r * iterations + i) % len(prepared)] for i in range(iterations)]
-            time.sleep(settle_ms / 1000)  # settles the switch, as in `measure`
-            sessions[name][k].run(seq[0])
-            out[name].append(time_sequence(sessions[name][k], seq))
-            used[name].append(k)
-    return out, used
+    timed = {
+        name: Timed(twins[0], inputs[name][0], twins=list(zip(twins[1:], inputs[name][1:], strict=True)))
+        for name, twins in sessions.items()
+    }
+    sides = {name: CallsSide(t, iterations, device=False) for name, t in timed.items()}
+    interleave(list(sides.values()), settle_ms, fixed_rounds(rounds), parent=sides.get(parent or ""))
+    return {n: t.rounds for n, t in timed.items()}, {n: t.instance_rounds for n, t in timed.items()}
 
 
 def interleaved_p50(

@@ -75,10 +75,11 @@ def _serve_once(artifact: Artifact, recipe: Any, feeds: Any) -> None:
     """Load the stage as the benchmark does and run each scenario once."""
     if recipe.workload == "generation":
         from optimizer.runtime.runners.gen_runner import generator_for
+        from optimizer.runtime.seq2seq import prompt_of
 
         gen = generator_for(artifact, recipe)
         for sf in feeds:
-            gen.generate(sf.timing["input_ids"], sf.scenario.new_tokens, keep_logits=False)
+            gen.generate(prompt_of(sf.timing), sf.scenario.new_tokens, keep_logits=False)
         return
     from optimizer.runtime.runners import runner_for
 

@@ -224,7 +224,7 @@ def _ort_generation(artifact: Artifact, recipe: Recipe, prompt: np.ndarray, new:
     (runtime.runners.ort_runner.profile_per_run)."""
     import tempfile
 
-    from optimizer.runtime.generation import OrtBoundGenerator, OrtGenerator
+    from optimizer.runtime.runners.gen_runner import ort_loop
     from optimizer.runtime.runners.ort_runner import profile_runs
     from optimizer.runtime.sessions import ort_session
     from optimizer.runtime.threads import target_threads
@@ -239,7 +239,7 @@ def _ort_generation(artifact: Artifact, recipe: Recipe, prompt: np.ndarray, new:
             for p, name in ((artifact.path, "prefill"), (decode, "decode"))
         ]
         layers = artifact.decoder_layers()
-        gen = OrtBoundGenerator(*sessions, layers, device) if device == "cuda" else OrtGenerator(*sessions, layers)
+        gen = ort_loop(*sessions, layers, device)  # a decoder's loop, or an encoder-decoder's
         for _ in range(reps + 1):  # the first generation warms both sessions up
             gen.generate(prompt, new, keep_logits=False)
         pre, dec = (ort_op_profile(profile_runs(json.loads(Path(s.end_profiling()).read_text()))) for s in sessions)

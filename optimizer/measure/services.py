@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import TimedComparison
 from optimizer.core.pass_base import Check, Feed, PassContext
 from optimizer.measure.accuracy import AccuracyMeter, generation_agreement, mask_of
 from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.harness import Timed, instances_for, measure
-from optimizer.measure.stats import LatencyStats, instance_variance, speedup, widened
+from optimizer.measure.stats import instance_variance, latency_stats, speedup, widened
 from optimizer.runtime.generation import Generation
 from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
@@ -60,7 +61,7 @@ class MeasureServices:
                     names = got_names or ref_names or [f"output_{k}" for k in range(len(outputs))]
                     meter = AccuracyMeter(names)
                 meter.add(expected, outputs, mask_of(feed))
-        return Check(meter.to_json() if meter is not None else {})
+        return Check(meter.accuracy() if meter is not None else {})
 
     def _outputs(
         self, source: Any, ctx: PassContext, stack: ExitStack
@@ -73,7 +74,9 @@ class MeasureServices:
             return (lambda _i, feed: source(feed)), None
         return (lambda i, _feed: source[i]), None
 
-    def time(self, candidate: Any, reference: Any, ctx: PassContext, feeds: Sequence[Feed] | None) -> dict[str, Any]:
+    def time(
+        self, candidate: Any, reference: Any, ctx: PassContext, feeds: Sequence[Feed] | None
+    ) -> TimedComparison:
         settings = ctx.recipe.benchmark
         inputs = list(feeds) if feeds is not None else next(iter(ctx.feeds)).samples
         with ExitStack() as stack:
@@ -97,18 +100,18 @@ class MeasureServices:
         if spread is not None:  # this comparison's own reading, with its few contrasts (Student's t)
             low, high, verdict = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df,
                                          settings.confidence)
-        return {
-            "speedup": s.ratio,
-            "low": low,
-            "high": high,
-            "verdict": verdict,
-            "in_run_low": s.low,
-            "in_run_high": s.high,
-            "p50_ms": LatencyStats.of(child.samples()).p50_ms,
-            "input_p50_ms": LatencyStats.of(parent.samples()).p50_ms,
-            "rounds": len(child.rounds),
-            "calls": len(child.samples()),
-        }
+        return TimedComparison(
+            ratio=s.ratio,
+            low=low,
+            high=high,
+            verdict=verdict,
+            in_run_low=s.low,
+            in_run_high=s.high,
+            p50_ms=latency_stats(child.samples()).p50_ms,
+            input_p50_ms=latency_stats(parent.samples()).p50_ms,
+            rounds=len(child.rounds),
+            calls=len(child.samples()),
+        )
 
     @contextmanager
     def _open(self, source: Artifact | Session, ctx: PassContext) -> Iterator[Session]:

@@ -11,13 +11,12 @@ real only when the interval excludes 1.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import bdtr, stdtrit  # binomial CDF, Student's t quantile (scipy.stats takes a second to import)
 
-from optimizer.core.metrics import Latency
+from optimizer.core.metrics import Latency, Speedup, SpeedVerdict
 
 
 def quantile_ci(samples: list[float] | np.ndarray, q: float, confidence: float = 0.95) -> tuple[float, float] | None:
@@ -67,38 +66,24 @@ def calls_to_resolve(q: float, confidence: float = 0.95) -> int:
     return math.ceil(math.log((1 - confidence) / 2) / math.log(q))
 
 
-class LatencyStats(Latency):
-    """The report's Latency (core.metrics), computed from timed calls."""
-
-    @staticmethod
-    def of(samples_ms: list[float] | np.ndarray) -> LatencyStats:
-        a = np.asarray(samples_ms, dtype=np.float64)
-        mean = float(a.mean())
-        std = float(a.std(ddof=1)) if a.size > 1 else 0.0
-        p50, p90, p99 = (float(x) for x in np.percentile(a, [50, 90, 99]))
-        return LatencyStats(
-            n=int(a.size),
-            p50_ms=p50,
-            p90_ms=p90,
-            p99_ms=p99,
-            mean_ms=mean,
-            std_ms=std,
-            min_ms=float(a.min()),
-            cv=std / mean if mean else 0.0,
-            p90_ci=quantile_ci(a, 0.90),
-            p99_ci=quantile_ci(a, 0.99),
-        )
-
-
-@dataclass(frozen=True)
-class Speedup:
-    ratio: float  # > 1: the child is faster than the parent
-    low: float
-    high: float
-    verdict: str  # "faster" | "slower" | "within noise"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+def latency_stats(samples_ms: list[float] | np.ndarray) -> Latency:
+    """The report's Latency (core.metrics) of timed calls: percentiles, mean, spread and the tail intervals."""
+    a = np.asarray(samples_ms, dtype=np.float64)
+    mean = float(a.mean())
+    std = float(a.std(ddof=1)) if a.size > 1 else 0.0
+    p50, p90, p99 = (float(x) for x in np.percentile(a, [50, 90, 99]))
+    return Latency(
+        n=int(a.size),
+        p50_ms=p50,
+        p90_ms=p90,
+        p99_ms=p99,
+        mean_ms=mean,
+        std_ms=std,
+        min_ms=float(a.min()),
+        cv=std / mean if mean else 0.0,
+        p90_ci=quantile_ci(a, 0.90),
+        p99_ci=quantile_ci(a, 0.99),
+    )
 
 
 def speedup(
@@ -108,7 +93,8 @@ def speedup(
     resamples: int = 2000,
     seed: int = 0,
 ) -> Speedup:
-    """parent/child ratio of medians, with a bootstrap-over-rounds confidence interval."""
+    """parent/child ratio of medians (> 1: the child is faster), with a bootstrap-over-rounds confidence interval:
+    the report's Speedup (core.metrics) with its four fields set."""
     p_med = np.array([np.median(r) for r in parent_rounds])
     c_med = np.array([np.median(r) for r in child_rounds])
     ratio = float(np.median(np.concatenate(parent_rounds)) / np.median(np.concatenate(child_rounds)))
@@ -119,8 +105,7 @@ def speedup(
     alpha = (1 - confidence) / 2
     low, high = (float(x) for x in np.quantile(boot, [alpha, 1 - alpha]))
     low, high = min(low, ratio), max(high, ratio)
-    verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
-    return Speedup(ratio, low, high, verdict)
+    return Speedup(ratio=ratio, low=low, high=high, verdict=speed_verdict(low, high))
 
 
 @dataclass(frozen=True)
@@ -177,15 +162,20 @@ def instance_variance(
 
 
 def widened(ratio: float, low: float, high: float, variance: float, factor: float, df: int,
-            confidence: float = 0.95) -> tuple[float, float, str]:
+            confidence: float = 0.95) -> tuple[float, float, SpeedVerdict]:
     """(low, high, verdict) of a ratio whose in-run interval is low-high, widened by the instance spread: the
     ratio carries factor x `variance` (log) that no round shows, known from `df` contrasts (Student's t)."""
     extra = float(stdtrit(max(df, 1), (1 + confidence) / 2)) * math.sqrt(max(variance, 0.0) * factor)
     if extra == 0.0:  # no spread: the in-run interval as it is (the log round trip would move it by an ulp)
-        return low, high, "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
+        return low, high, speed_verdict(low, high)
     low = ratio * math.exp(-math.hypot(math.log(ratio / low), extra))
     high = ratio * math.exp(math.hypot(math.log(high / ratio), extra))
-    return low, high, "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
+    return low, high, speed_verdict(low, high)
+
+
+def speed_verdict(low: float, high: float) -> SpeedVerdict:
+    """A change is real only when its interval excludes 1."""
+    return "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
 
 
 def speedup_with_spread(
@@ -198,7 +188,7 @@ def speedup_with_spread(
     if spread is None:
         return s
     low, high, verdict = widened(s.ratio, s.low, s.high, spread.variance, spread.factor, spread.df)
-    return Speedup(s.ratio, low, high, verdict)
+    return Speedup(ratio=s.ratio, low=low, high=high, verdict=verdict)
 
 
 def median_ci_halfwidth(samples: list[float] | np.ndarray) -> float:

@@ -210,7 +210,7 @@ def cache_cases(out: Outcome, base: dict[str, Any], work: Path) -> None:
         path.write_bytes(bytes(data))
 
     def note(index: int, words: str) -> Callable[[list[Any]], bool | str]:
-        return lambda recs: True if words in recs[index].notes.get("cache", "") else f"notes {recs[index].notes}"
+        return lambda recs: words in (recs[index].cache_note or "") or f"cache_note {recs[index].cache_note!r}"
 
     out.add("2 cache integrity", "metrics.json edited", after(edit_metrics, note(2, "measured again")))
     out.add("2 cache integrity", "model bytes changed, same size", after(flip_model, note(1, "rebuilt")))

@@ -112,7 +112,7 @@ def _external_data_cases(r: Round3) -> None:
         _point_at(model, location)
         source = _execute(_recipe(r, model, [{"type": "ort_session"}]), folder / "out")["source"]
         named = "'w1'" in (source.reason or "") and repr(location) in (source.reason or "")
-        if source.status == "failed" and source.notes.get("error_kind") == "input" and named:
+        if source.status == "failed" and source.error_kind == "input" and named:
             return True
         return f"stage 0 {source.status}: {source.reason}"
 

@@ -72,7 +72,7 @@ def _torch_output_case(r: Round3) -> bool | str:
     data["accuracy"]["output"] = "not-an-output"
     records = Pipeline(_parse(data, r.work)(), r.work / "torch-output", measure=False).execute()
     first = records[0]
-    if first.status != "failed" or first.notes.get("error_kind") != "input":
+    if first.status != "failed" or first.error_kind != "input":
         return f"stage 0 {first.status}: {first.reason}"
     return True if "accuracy.output" in (first.reason or "") and all(x.status == "not run" for x in records[1:]) \
         else f"stages {[(x.status, x.reason) for x in records]}"

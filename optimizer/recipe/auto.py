@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from optimizer.core.errors import OptimizerError
-from optimizer.recipe.auto_inputs import factory_facts, onnx_facts
+from optimizer.recipe.auto_inputs import InputFacts, factory_facts, onnx_facts
 from optimizer.recipe.factory import FOUND_BESIDE, file_path, is_file, is_target, split
 from optimizer.recipe.genai_support import builder_architectures
 from optimizer.recipe.loading import parse_recipe
@@ -52,6 +52,11 @@ ENCODER_TYPES = {
 DECODER_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "gpt_neox", "opt"}
 IMAGE_TYPES = {"resnet", "convnext", "convnextv2", "regnet", "mobilenet_v2", "efficientnet", "vit", "deit", "swin"}
 CNN_TYPES = {"resnet", "convnext", "convnextv2", "regnet", "mobilenet_v2", "efficientnet"}
+# Encoder-decoders auto builds the seq2seq generation workload for (runtime/seq2seq.py), and the task each loads as.
+SEQ2SEQ_ARCHS = {
+    "T5ForConditionalGeneration": "text2text-generation",
+    "WhisperForConditionalGeneration": "automatic-speech-recognition",
+}
 
 
 def _fail(model: str, message: str) -> OptimizerError:
@@ -107,6 +112,8 @@ def _hf_kind(config: dict[str, Any], model: str) -> str:
     archs = [str(a) for a in config.get("architectures") or []]
     mtype = str(config.get("model_type", ""))
     for arch in archs:
+        if arch in SEQ2SEQ_ARCHS:
+            return "seq2seq"
         if arch.endswith(DECODER_SUFFIXES):
             return "decoder"
         if arch.endswith(CLASSIFIER_SUFFIXES):
@@ -121,9 +128,10 @@ def _hf_kind(config: dict[str, Any], model: str) -> str:
         return "encoder"
     what = f"architectures {archs}" if archs else "no architectures"
     if any(a.endswith("ForConditionalGeneration") for a in archs) or config.get("is_encoder_decoder"):
-        raise _fail(model, f"an encoder-decoder (seq2seq) model ({what}): compile --model has no seq2seq workload "
-                    "yet (encoder once, decoder with its cache); its encoder alone can be given as a folder saved "
-                    "with its *EncoderModel class (e.g. T5EncoderModel), or write a recipe by hand")
+        raise _fail(model, f"an encoder-decoder (seq2seq) model ({what}): compile --model builds the seq2seq "
+                    f"generation workload for {' and '.join(SEQ2SEQ_ARCHS)} only; for another, write a recipe by "
+                    "hand (workload: generation, model.task: text2text-generation), or give its encoder alone as a "
+                    "folder saved with its *EncoderModel class (e.g. T5EncoderModel)")
     raise _fail(
         model,
         f"unknown architecture ({what}, model_type {mtype!r}): auto knows text encoders (bert, roberta...), "
@@ -219,6 +227,13 @@ def default_passes(
     """The pass list recipes/*.yaml proved for this kind of model and device (see the comments there for why).
     arch: a decoder's transformers class, which decides the decoder-specific stages (GenAI's layout, kv_attention)."""
     export = [{"type": "export", **({"config": {"exporter": "dynamo"}} if hf_text else {})}] if torch_source else []
+    if kind == "seq2seq":  # encoder-decoder generation (CPU): export both graphs, ORT, INT8, fusion where it applies
+        return [
+            {"type": "export", "from": "source"},
+            {"type": "ort_session"},
+            {"type": "quantize", "name": "int8_dynamic", "config": {"mode": "int8_dynamic"}},
+            {"type": "fuse", "from": "ort_session"},
+        ]
     if kind == "decoder":  # generation: gpt2-cpu.yaml / gpt2-gen-gpu.yaml
         if device == "cuda":
             return [
@@ -290,6 +305,14 @@ def _from_hf(model: str, folder: Path, source: dict[str, Any], device: str) -> t
         data |= {"workload": "generation", "model": {**source, "task": "causal-lm"},
                  "inputs": _text_inputs(config, with_mask=False), "scenarios": _generation_scenarios(max_pos),
                  "accuracy": {"metric": "token_agreement", "min": 0.9, "samples": 1}}
+    elif kind == "seq2seq":
+        if device != "cpu":
+            raise _fail(model, f"--device {device}: the encoder-decoder (seq2seq) workload is built for the CPU "
+                        "only so far; use --device cpu")
+        task = SEQ2SEQ_ARCHS[next(a for a in config.get("architectures") or [] if a in SEQ2SEQ_ARCHS)]
+        data |= {"workload": "generation", "model": {**source, "task": task},
+                 **_seq2seq_io(config, task, max_pos, notes),
+                 "accuracy": {"metric": "token_agreement", "min": 0.9, "samples": 1}}
     elif kind in ("cnn", "image"):
         head = any(str(a).endswith(IMAGE_SUFFIXES) for a in config.get("architectures") or [])
         data |= {"inputs": _image_input(config), "scenarios": _forward_scenarios(kind, device, 1, False, False)}
@@ -323,10 +346,34 @@ def _from_hf(model: str, folder: Path, source: dict[str, Any], device: str) -> t
         else:
             data["accuracy"] = {"metric": "cosine", "min": 0.99, "samples": 4}
         kind = "encoder"
-    data |= _common(device, kind)
+    data |= _common(device, "decoder" if kind == "seq2seq" else kind)
     arch = (config.get("architectures") or [None])[0] if kind == "decoder" else None
     data["passes"] = default_passes(kind, device, hf_text=kind == "encoder", arch=arch)
     return data, notes
+
+
+def _seq2seq_io(config: dict[str, Any], task: str, max_pos: int, notes: list[str]) -> dict[str, Any]:
+    """An encoder-decoder's inputs and scenarios. Text (T5): the prompt is the encoder's source text, ids drawn
+    from the vocabulary, at the generation presets' lengths. Speech (Whisper): the encoder takes a fixed-size
+    log-mel spectrogram, generated; there is no prompt length to vary, so each scenario's seq is its frame count."""
+    start = config.get("decoder_start_token_id")
+    if task == "text2text-generation":
+        notes.append(f"encoder-decoder, text: prompt = the encoder's input ids (seq tokens); the decoder starts from "
+                     f"decoder_start_token_id {start} and generates new_tokens greedily (no early stop at EOS)")
+        return {"inputs": _text_inputs(config, with_mask=False), "scenarios": _generation_scenarios(max_pos)}
+    spec = _mel_input(config)
+    mels, frames = spec["shape"][1:]
+    longest = int(config.get("max_target_positions") or 448) - 1  # the decoder's positions, its start token first
+    news = [n for n in (8, 64) if n <= longest] or [max(1, longest)]
+    notes.append(f"encoder-decoder, speech: the encoder takes a fixed-size log-mel spectrogram [batch, {mels}, "
+                 f"{frames}] (generated in [-1, 1), not audio); scenario seq is that frame count, not a prompt "
+                 f"length; the decoder starts from decoder_start_token_id {start} (no language or task tokens) and "
+                 "generates new_tokens greedily (no early stop at EOS)")
+    return {
+        "inputs": [spec],
+        "scenarios": [{"name": f"audio-{frames}frames-new{n}", "batch": 1, "seq": frames, "new_tokens": n}
+                      for n in news],
+    }
 
 
 def _from_onnx(model: str, path: Path, device: str) -> tuple[dict[str, Any], list[str]]:
@@ -351,9 +398,19 @@ def _from_factory(model: str, device: str) -> tuple[dict[str, Any], list[str]]:
         by_path = "" if "." in module else f", or name it by its path ({folder / module}.py:{function})"
         facts.notes.append(f"{module} is in {folder}: run from there{by_path}, or add the folder to PYTHONPATH")
     data: dict[str, Any] = {"model": {"source": "factory", "target": model}}
-    if facts.hf_config is not None:  # a transformers model: inputs from its config; forward only (no task here)
+    if facts.hf_config is not None and _speech_encoder(facts):  # Whisper's encoder alone: a spectrogram in
+        data["inputs"] = [_mel_input(facts.hf_config)]
+        data["outputs"] = ["last_hidden_state"]
+        data["scenarios"] = _forward_scenarios("other", device, 1, False, False)
+        facts.notes.append(f"speech encoder: input_features {data['inputs'][0]['shape']} (a fixed-size log-mel "
+                           "spectrogram, generated in [-1, 1)), its last_hidden_state judged by cosine")
+        kind = "other"
+    elif facts.hf_config is not None:  # a transformers model: inputs from its config; forward only (no task here)
         config = facts.hf_config
         kind = _hf_kind(config, model)
+        if kind == "seq2seq":  # generation needs the task, which a folder's class says and a factory does not
+            raise _fail(model, f"{facts.hf_class} is an encoder-decoder: the seq2seq generation workload takes it as "
+                        "a Hugging Face folder (save_pretrained, then --model FOLDER)")
         image = kind in ("cnn", "image")
         data["inputs"] = _image_input(config) if image else _text_inputs(config, with_mask=True)
         if kind == "decoder":  # the full-sequence forward, as gpt2-fuse-cpu.yaml
@@ -370,6 +427,19 @@ def _from_factory(model: str, device: str) -> tuple[dict[str, Any], list[str]]:
     data |= {"accuracy": {"metric": "cosine", "min": 0.99, "samples": 2}, **_common(device, kind)}
     data["passes"] = default_passes(kind, device)
     return data, facts.notes
+
+
+def _mel_input(config: dict[str, Any]) -> dict[str, Any]:
+    """A Whisper encoder's input: the log-mel spectrogram [batch, num_mel_bins, frames], generated in [-1, 1); its
+    frames are fixed by the model (2 x max_source_positions: the encoder's convolutions stride 1, then 2)."""
+    mels, frames = int(config.get("num_mel_bins") or 80), 2 * int(config.get("max_source_positions") or 1500)
+    return {"name": "input_features", "dtype": "float32", "shape": ["batch", mels, frames], "range": [-1, 1]}
+
+
+def _speech_encoder(facts: InputFacts) -> bool:
+    """A factory's module is a speech encoder alone (WhisperEncoder): it takes input_features and is no
+    encoder-decoder (those take decoder inputs too)."""
+    return facts.hf_main_input == "input_features" and str(facts.hf_class or "").endswith("Encoder")
 
 
 def recipe_for_model(model: str, device: str = "cpu", name: str | None = None) -> tuple[Recipe, str]:

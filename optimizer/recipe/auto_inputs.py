@@ -26,6 +26,8 @@ class InputFacts:
     has_conv: bool = False
     notes: list[str] = field(default_factory=list)
     hf_config: dict[str, Any] | None = None  # a factory returning a transformers model: its config
+    hf_class: str | None = None  # ... its class name
+    hf_main_input: str | None = None  # ... and the input its forward takes first (main_input_name)
 
 
 def _fail(model: str, message: str) -> OptimizerError:
@@ -147,7 +149,9 @@ def factory_facts(model: str) -> InputFacts:
         raise _fail(model, f"{model}() returned {type(module).__name__}, not a torch.nn.Module")
     config = getattr(module, "config", None)
     if config is not None and hasattr(config, "to_dict"):  # a transformers model: its config says the rest
-        return InputFacts(inputs=[], hf_config=config.to_dict(), notes=[f"{model}() is a {type(module).__name__}"])
+        return InputFacts(inputs=[], hf_config=config.to_dict(), hf_class=type(module).__name__,
+                          hf_main_input=getattr(module, "main_input_name", None),
+                          notes=[f"{model}() is a {type(module).__name__}"])
     params = [
         p.name for p in inspect.signature(module.forward).parameters.values()
         if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)

@@ -14,7 +14,14 @@ from pydantic import ValidationError
 
 from optimizer.core.errors import RecipeError
 from optimizer.recipe.packages import package_dir
-from optimizer.recipe.schema import MAX_INPUT_ELEMENTS, SOURCE_STAGE, HFFolderSource, OnnxSource, Recipe
+from optimizer.recipe.schema import (
+    GENERATION_TASKS,
+    MAX_INPUT_ELEMENTS,
+    SOURCE_STAGE,
+    HFFolderSource,
+    OnnxSource,
+    Recipe,
+)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -55,8 +62,9 @@ def _check_structure(recipe: Recipe, path: str) -> None:
     if recipe.text and recipe.text.file and not recipe.resolve(recipe.text.file).is_file():
         raise RecipeError(path, "text.file", f"no such file: {recipe.resolve(recipe.text.file)}")
     model = recipe.model
-    if recipe.workload == "generation" and getattr(model, "task", None) != "causal-lm":
-        raise RecipeError(path, "workload", "generation needs a causal LM: set model.task: causal-lm")
+    if recipe.workload == "generation" and getattr(model, "task", None) not in GENERATION_TASKS:
+        raise RecipeError(path, "workload", "generation needs a causal LM or an encoder-decoder: set model.task: "
+                          f"{' or '.join(GENERATION_TASKS)}")
     if isinstance(model, OnnxSource) and not recipe.resolve(model.path).is_file():
         raise RecipeError(path, "model.path", f"no such file: {recipe.resolve(model.path)}")
     if isinstance(model, HFFolderSource):

@@ -43,15 +43,22 @@ FLOAT16_MAX = 65504.0
 
 
 # ---------------------------------------------------------------- model sources
+# Encoder-decoder generation (runtime/seq2seq.py), named as transformers' pipelines and Optimum name them: text in
+# (T5: AutoModelForSeq2SeqLM), or a log-mel spectrogram in (Whisper: AutoModelForSpeechSeq2Seq); text out, greedily.
+SEQ2SEQ_TASKS = ("text2text-generation", "automatic-speech-recognition")
+GENERATION_TASKS = ("causal-lm", *SEQ2SEQ_TASKS)
+
+
 class HFFolderSource(Strict):
     """A Hugging Face model folder: a local path, or a folder inside an installed Python package."""
 
     source: Literal["hf_folder"]
     path: str = Field(description="folder path; relative to the package folder when `package` is set")
     package: str | None = Field(default=None, description="installed package that ships the folder")
-    task: Literal["feature-extraction", "causal-lm", "sequence-classification", "image-classification"] = (
-        "feature-extraction"
-    )
+    task: Literal[
+        "feature-extraction", "causal-lm", "sequence-classification", "image-classification", "text2text-generation",
+        "automatic-speech-recognition",
+    ] = "feature-extraction"
     attn_implementation: Literal["eager", "sdpa"] | None = Field(default=None, description="default: transformers'")
 
 
@@ -257,7 +264,7 @@ class AccuracyBudget(Strict):
     samples: int = Field(default=4, ge=1, description="inputs per scenario compared with stage 0")
 
 
-class BatchSweep(Strict):
+class BatchSweepConfig(Strict):
     stage: str = Field(default="best", description="stage to sweep; best: the fastest within the accuracy budget")
     batches: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 2, 4, 8, 16], min_length=1)
     latency_budget_ms: float = Field(gt=0, description="the P99 a batch may take")
@@ -288,9 +295,10 @@ class Recipe(Strict):
     benchmark: BenchmarkSettings = Field(default_factory=BenchmarkSettings)
     accuracy: AccuracyBudget = Field(default_factory=AccuracyBudget)
     workload: Literal["forward", "generation"] = Field(
-        default="forward", description="generation: greedy decoding with a KV cache (causal LMs)"
+        default="forward", description="generation: greedy decoding with a KV cache (causal LMs; encoder-decoders: "
+        "model.task text2text-generation or automatic-speech-recognition)"
     )
-    batch_sweep: BatchSweep | None = None
+    batch_sweep: BatchSweepConfig | None = None
     on_failure: Literal["stop", "continue"] = "stop"
     seed: Seed = 0
     passes: list[PassSpec] = Field(default_factory=list)

@@ -50,6 +50,8 @@ from optimizer.report.tables import (
     tpot_lines,
 )
 from optimizer.runtime.threads import target_threads
+from passes.fuse import FuseNotes
+from passes.fuse.kernel_choice import KernelChoiceNote
 
 UNSTABLE_CV = 0.25  # like trtexec's variance warning: beyond this the latency distribution is not one number
 
@@ -191,6 +193,13 @@ def _window_busy(st: StageReport) -> bool:
     return window_busy(load.to_json() if load is not None else None)
 
 
+def _kernel_choices(stage: StageReport) -> list[KernelChoiceNote]:
+    """A fuse stage's measured rules (passes/fuse/kernel_choice.py), read through its notes model."""
+    if "kernel_choice" not in stage.notes:
+        return []
+    return list((FuseNotes.model_validate(stage.notes).kernel_choice or {}).values())
+
+
 def findings(report: RunReport) -> list[str]:
     """Plain sentences about what went wrong or backwards: failures, rejections, performance inversions."""
     out: list[str] = []
@@ -204,11 +213,10 @@ def findings(report: RunReport) -> list[str]:
         label = f"{st.name} ({st.type})"
         out += _launch_findings(st, by_name.get(st.parent or ""), label)
         out += _denormal_findings(st, label, flushing)
-        for choice in (st.notes.get("kernel_choice") or {}).values():  # passes/fuse/kernel_choice.py
-            if not choice.get("kept", True):
-                said = choice["line"]
+        for choice in _kernel_choices(st):
+            if not choice.kept:
                 why = "its kernel measured slower on this target than the ops it replaces"
-                out.append(f"{label}: a fusion left out ({why}): {said}")
+                out.append(f"{label}: a fusion left out ({why}): {choice.line}")
         said_why = st.status in ("failed", "skipped", "unchanged", "interrupted")
         if st.reason and (said_why or st.reason.startswith("not measured")):
             out.append(f"{label} {st.status}: {st.reason}")

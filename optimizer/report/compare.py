@@ -14,7 +14,7 @@ from typing import Any
 
 from optimizer.core.errors import OptimizerError
 from optimizer.core.stage import StageReport
-from optimizer.engine.compare import A_STAGE, B_STAGE, Side, file_side
+from optimizer.engine.compare import A_STAGE, B_STAGE, CompareSide, file_side
 from optimizer.recipe.schema import SOURCE_STAGE
 from optimizer.report.explain import NOISE_MS, Explanation, explain, main_parts
 from optimizer.report.schema import RunReport
@@ -22,7 +22,7 @@ from optimizer.report.schema import RunReport
 ACCURACY_KEYS = ("cosine", "cosine_mean", "pooled_cosine", "max_abs", "max_rel", "top1")
 
 
-def resolve_side(label: str, spec: str, history: Path | None = None) -> Side:
+def resolve_side(label: str, spec: str, history: Path | None = None) -> CompareSide:
     """An ONNX file, or `RUN:stage` (a run folder, report.json or run id, and a stage name)."""
     from optimizer.report.history import load_report
 
@@ -59,7 +59,7 @@ def resolve_side(label: str, spec: str, history: Path | None = None) -> Side:
     if not path.is_file():
         raise OptimizerError(f"{label}: stage {stage!r} of {run}: its model file {art.path} is missing")
     recipe_dir = Path(report.recipe_dir) if report.recipe_dir else None
-    return Side(label, path.resolve(), spec, dict(art.runtime), report.recipe.model_dump(), recipe_dir)
+    return CompareSide(label, path.resolve(), spec, dict(art.runtime), report.recipe.model_dump(), recipe_dir)
 
 
 def stages_of(report: RunReport) -> tuple[StageReport, StageReport]:
@@ -77,7 +77,7 @@ def _launches(st: StageReport, scenario: str) -> float | None:
     return k.launches if k is not None else None
 
 
-def summarize(report: RunReport, a: Side, b: Side, notes: list[str]) -> dict[str, Any]:
+def summarize(report: RunReport, a: CompareSide, b: CompareSide, notes: list[str]) -> dict[str, Any]:
     """Everything the command prints, as plain data (compare.json)."""
     sa, sb = stages_of(report)
     level = (sa.artifact.runtime if sa.artifact is not None else {}).get("graph_optimization_level", "disable_all")

@@ -208,7 +208,7 @@ def _rows(before: dict[str, float], after: dict[str, float]) -> list[OpDelta]:
 Part = tuple[str, str]  # (per, kind): ("call" | "prefill" | "decode step", "ops" | "kernels")
 
 
-def scenario_profile(m: StageMetrics, scenario: str, first: str) -> ScenarioProfile | None:
+def profile_on_scenario(m: StageMetrics, scenario: str, first: str) -> ScenarioProfile | None:
     """The stage's profile on one scenario: its own (ScenarioMetrics.profile); on the first scenario the
     stage-level fields, which hold it as they always have (reports from before every scenario was profiled have
     only those), with the nodes of its own profile."""
@@ -283,8 +283,8 @@ def explain_all(report: RunReport, st: StageReport, scenario: str | None = None)
         return []
     first = _first(report)
     scen = scenario or first
-    mine = _profiles(st.metrics, scenario_profile(st.metrics, scen, first))
-    theirs = _profiles(parent.metrics, scenario_profile(parent.metrics, scen, first))
+    mine = _profiles(st.metrics, profile_on_scenario(st.metrics, scen, first))
+    theirs = _profiles(parent.metrics, profile_on_scenario(parent.metrics, scen, first))
     out = []
     for (per, kind), (ms, source, nodes) in mine.items():
         if (per, kind) not in theirs:
@@ -337,8 +337,8 @@ def between_runs(a: StageReport, b: StageReport, scenario: str, first: str | Non
     if a.metrics is None or b.metrics is None:
         return []
     first = first or scenario
-    mine = _profiles(b.metrics, scenario_profile(b.metrics, scenario, first))
-    theirs = _profiles(a.metrics, scenario_profile(a.metrics, scenario, first))
+    mine = _profiles(b.metrics, profile_on_scenario(b.metrics, scenario, first))
+    theirs = _profiles(a.metrics, profile_on_scenario(a.metrics, scenario, first))
     sa, sb = a.metrics.scenarios.get(scenario), b.metrics.scenarios.get(scenario)
     out = []
     for (per, kind), (ms, source, nodes) in mine.items():

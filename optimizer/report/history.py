@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from optimizer.core.errors import OptimizerError
 from optimizer.core.jsonio import strict_json_dumps
@@ -129,7 +129,21 @@ def record(report: RunReport, path: Path | None = None) -> int:
     return run_id
 
 
-def list_runs(path: Path | None = None, recipe: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+class RunRow(TypedDict):
+    """One run as the history lists it (the `runs` table less the report and the recipe hash)."""
+
+    id: int
+    created: str  # ISO 8601, UTC
+    recipe: str
+    model: str
+    device: str
+    outcome: str
+    run_dir: str
+    versions: str  # JSON: the libraries that decide the numbers
+
+
+def list_runs(path: Path | None = None, recipe: str | None = None, limit: int = 20) -> list[RunRow]:
+    """The newest runs first (of one recipe, when named), at most `limit`; none when there is no history yet."""
     path = path or default_path()
     if not path.exists():
         return []
@@ -140,8 +154,11 @@ def list_runs(path: Path | None = None, recipe: str | None = None, limit: int = 
         args = (recipe,)
     query += " ORDER BY id DESC LIMIT ?"
     with _reading(path), closing(_connect(path)) as conn:
-        cols = ["id", "created", "recipe", "model", "device", "outcome", "run_dir", "versions"]
-        return [dict(zip(cols, row, strict=True)) for row in conn.execute(query, (*args, limit))]
+        return [
+            RunRow(id=i, created=created, recipe=name, model=model, device=device, outcome=outcome, run_dir=run_dir,
+                   versions=versions)
+            for i, created, name, model, device, outcome, run_dir, versions in conn.execute(query, (*args, limit))
+        ]
 
 
 def load_report(ref: str, path: Path | None = None) -> RunReport:

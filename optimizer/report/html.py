@@ -98,7 +98,7 @@ def boxplots(report: RunReport, scen: str) -> str:
         return ""
     stats = []
     for name, xs in timed:
-        q = [float(v) for v in np.percentile(xs, [0, 25, 50, 75, 99])]  # as LatencyStats computes them
+        q = [float(v) for v in np.percentile(xs, [0, 25, 50, 75, 99])]  # as measure.stats.latency_stats computes them
         stats.append((name, q))
     top = max(q[4] for _, q in stats) * 1.08
     row, left, width = 26, 170, 520

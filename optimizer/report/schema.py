@@ -2,8 +2,10 @@
 
 Version 2 is version 1's layout, validated: the same keys, with types (core.metrics, core.stage.StageReport);
 `metrics: null` for a stage not measured (v1 wrote {}), and each artifact as core.artifact.Artifact now writes it
-(its facts as fields; v1 had them under `meta`, which Artifact.from_json still reads). A version 1 report is
-upgraded in memory when it is read, so every reader sees one shape.
+(its facts as fields; v1 had them under `meta`, which Artifact.from_json still reads). Version 3 takes the
+pipeline's own keys out of a stage's `notes` (traceback, error_kind, cache, timed_windows) into typed fields of the
+stage (core.stage.StageReport: traceback, error_kind, cache_note, pass_timed_windows), leaving `notes` the pass's.
+An older report is upgraded in memory when it is read, so every reader sees one shape.
 
 Extra fields: refused at the top level and on stages (every key any version wrote is modelled here, so an unknown
 one is a file from another tool or a newer layout, which comes with a newer schema_version); kept on the metrics
@@ -23,9 +25,9 @@ from pydantic.json_schema import SkipJsonSchema
 
 from optimizer.core.errors import OptimizerError
 from optimizer.core.metrics import BatchSweep, Facts, ScenarioLoss, ScenarioWinner, TimedWindow
-from optimizer.core.stage import StageReport
+from optimizer.core.stage import StageReport, split_legacy_notes
 
-SCHEMA_VERSION: Literal[2] = 2  # RunReport.schema_version below says the same
+SCHEMA_VERSION: Literal[3] = 3  # RunReport.schema_version below says the same
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
 SCHEMA_NAME = "report.schema.json"  # the copy written beside each report.json
 
@@ -109,7 +111,7 @@ class RunReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    schema_version: Literal[2]
+    schema_version: Literal[3]
     recipe: RecipeEcho
     created: str  # ISO 8601, UTC
     run_dir: str
@@ -171,6 +173,19 @@ def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 2 report as version 3 (a copy): each stage's notes keys that the pipeline wrote (traceback,
+    error_kind, cache, timed_windows) move to the stage's fields (core.stage.LEGACY_NOTES_KEYS)."""
+    out = copy.deepcopy(data)
+    out["schema_version"] = 3
+    stages = out.get("stages")
+    for stage in stages if isinstance(stages, list) else []:
+        if isinstance(stage, dict) and isinstance(stage.get("notes"), dict):
+            stage["notes"], moved = split_legacy_notes(stage["notes"])
+            stage.update({k: v for k, v in moved.items() if k not in stage})
+    return out
+
+
 def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     # A key of a damaged file may hold anything: shown as repr unless printable, so the message stays one line.
@@ -192,6 +207,8 @@ def parse_report(data: Any, where: Path | str) -> RunReport:
         )
     if version == 1:
         data = upgrade_v1(data)
+    if version <= 2:
+        data = upgrade_v2(data)
     try:
         return RunReport.model_validate(data)
     except ValidationError as e:

@@ -21,7 +21,7 @@ score = sum(weight * term). Stages outside the accuracy budget are ranked but ne
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
 
 from optimizer.core.metrics import StageMetrics
 from optimizer.core.stage import StageReport
@@ -112,10 +112,20 @@ def terms(report: RunReport, stage: StageReport, scenario: str) -> dict[str, flo
     }
 
 
-def rank(report: RunReport, weights: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class Ranked:
+    """One stage in one scenario, scored by the weights: score = sum of weight x term."""
+
+    stage: str
+    score: float
+    terms: dict[str, float]  # term name (latency, throughput, accuracy, memory, size, deployability) -> value
+    within_budget: bool
+
+
+def rank(report: RunReport, weights: dict[str, float]) -> dict[str, list[Ranked]]:
     """scenario -> stages sorted by score (best first), each with its terms and budget verdict."""
     require_timings(report, "the run")  # the terms divide by them: a zero is one line, not a ZeroDivisionError
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Ranked]] = {}
     for scen in report.scenario_names:
         rows = []
         for st in report.stages:
@@ -126,21 +136,21 @@ def rank(report: RunReport, weights: dict[str, float]) -> dict[str, list[dict[st
                 continue
             score = sum(w * t[k] for k, w in weights.items())
             within = st.metrics.within_budget if st.metrics is not None else True
-            rows.append({"stage": st.name, "score": score, "terms": t, "within_budget": within})
-        out[scen] = sorted(rows, key=lambda r: -r["score"])
+            rows.append(Ranked(st.name, score, t, within))
+        out[scen] = sorted(rows, key=lambda r: -r.score)
     return out
 
 
-def per_scenario_lines(report: RunReport, ranking: dict[str, list[dict[str, Any]]]) -> list[str]:
+def per_scenario_lines(report: RunReport, ranking: dict[str, list[Ranked]]) -> list[str]:
     """Per scenario: the highest score within budget by these weights, and the fastest stage within budget there
     (stage 0 included: `export --stage best --scenario NAME` takes it)."""
     winners = report.best.per_scenario if report.best is not None else {}
     lines = []
     for scen, rows in ranking.items():
-        top = next((r for r in rows if r["within_budget"]), None)
+        top = next((r for r in rows if r.within_budget), None)
         if top is None:
             continue
-        line = f"{scen}: by these weights `{top['stage']}` scores highest within budget ({top['score']:.3f})"
+        line = f"{scen}: by these weights `{top.stage}` scores highest within budget ({top.score:.3f})"
         w = winners.get(scen)
         if w is not None:
             who = f"stage 0, `{w.stage}` (keep it)" if w.keep_source else f"`{w.stage}`"
@@ -155,14 +165,14 @@ def recommend(report: RunReport, weights: dict[str, float]) -> tuple[str | None,
     totals: dict[str, list[float]] = {}
     for rows in ranking.values():
         for r in rows:
-            if r["within_budget"]:
-                totals.setdefault(r["stage"], []).append(r["score"])
+            if r.within_budget:
+                totals.setdefault(r.stage, []).append(r.score)
     n = len(ranking)
     eligible = {k: sum(v) / len(v) for k, v in totals.items() if len(v) == n}
     if not eligible:
         return None, ["no stage was measured in every scenario within the accuracy budget"]
     best = max(eligible, key=lambda k: eligible[k])
-    wins = sum(1 for rows in ranking.values() if next((r["stage"] for r in rows if r["within_budget"]), None) == best)
+    wins = sum(1 for rows in ranking.values() if next((r.stage for r in rows if r.within_budget), None) == best)
     ordered = sorted(eligible.items(), key=lambda kv: -kv[1])
     lines = [
         f"Deploy `{best}`: mean score {eligible[best]:.3f} over {n} scenario(s), best within budget in {wins} of {n}."
@@ -174,16 +184,16 @@ def recommend(report: RunReport, weights: dict[str, float]) -> tuple[str | None,
         lines.append(f"Fastest within budget (what `export --stage best` and the batch sweep take): {why}.")
     lines += per_scenario_lines(report, ranking)
     for scen, rows in ranking.items():
-        r = next(r for r in rows if r["stage"] == best)
-        t = r["terms"]
+        r = next(r for r in rows if r.stage == best)
+        t = r.terms
         lines.append(
             f"{scen}: {t['latency']:.2f}x the speed of stage 0, throughput {t['throughput']:.2f}x, "
             f"accuracy {t['accuracy']:.4f}, footprint {1 / t['memory']:.2f}x, deployability {t['deployability']}."
         )
         top = rows[0]
-        if not top["within_budget"]:
+        if not top.within_budget:
             lines.append(
-                f"{scen}: `{top['stage']}` scores higher ({top['score']:.3f}) but is outside the accuracy "
+                f"{scen}: `{top.stage}` scores higher ({top.score:.3f}) but is outside the accuracy "
                 "budget, so it is not recommended."
             )
     return best, lines

@@ -1,8 +1,8 @@
 """The timed windows of runs (measure.bench_slot), read from their reports: whether any two on one host overlapped.
 
 Every timed measurement records when it held its host's bench slot: each stage's measurement (metrics), the timings
-a pass made while it built (the hybrid search's ctx.time, in the stage's notes), the calibration workload and the
-batch sweep. Two windows on one host that overlap mean two timings disturbed each other.
+a pass made while it built (the hybrid search's ctx.time: the stage's pass_timed_windows), the calibration workload
+and the batch sweep. Two windows on one host that overlap mean two timings disturbed each other.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def report_windows(report: RunReport) -> list[TimedWindow]:
     for stage in report.stages:
         if stage.metrics is not None and stage.metrics.timed_windows:
             found += stage.metrics.timed_windows
-        found += [TimedWindow.model_validate(w) for w in stage.notes.get("timed_windows") or []]
+        found += stage.pass_timed_windows or []
     calibration = report.machine.calibration if report.machine is not None else None
     if calibration is not None and calibration.timed_windows:
         found += calibration.timed_windows

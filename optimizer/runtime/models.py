@@ -44,6 +44,8 @@ def _auto_class(task: str) -> Any:
         "causal-lm": transformers.AutoModelForCausalLM,
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "image-classification": transformers.AutoModelForImageClassification,
+        "text2text-generation": transformers.AutoModelForSeq2SeqLM,
+        "automatic-speech-recognition": transformers.AutoModelForSpeechSeq2Seq,
     }[task]
 
 

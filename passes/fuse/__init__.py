@@ -27,8 +27,9 @@ from pydantic import Field, model_validator
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
-from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassNotes, PassResult
 from passes.fuse.apply import apply_rules, count_fused
+from passes.fuse.kernel_choice import KernelChoiceNote
 from passes.fuse.rule import FUSED_OPS, RULE_NAMES, RULES, RULES_BY_NAME, FusionRule, RuleReport
 
 if TYPE_CHECKING:
@@ -75,6 +76,15 @@ class FuseConfig(PassConfig):
         return self
 
 
+class FuseNotes(PassNotes):
+    """A fuse stage's notes. Typed: what the report reads back (each measured rule's kernel choice: a rule left
+    out is a finding) and the fused op counts; the rest (per-rule reports, the check against the input, IR
+    version, the generation graphs') as written."""
+
+    fused_ops: dict[str, int] | None = None  # fused op type -> nodes it made
+    kernel_choice: dict[str, KernelChoiceNote] | None = None  # rule -> its measurement (fuse's `measure`)
+
+
 # IR version 4 (ONNX 1.4, with opset 9) is the first where an initializer need not also be a graph input.
 IR_INITIALIZERS_APART = 4
 
@@ -92,10 +102,11 @@ def valid_ir_version(model: Any) -> int:
     return int(model.ir_version)
 
 
-class FusePass(Pass):
+class FusePass(Pass[FuseConfig]):
     name = "fuse"
     summary = "our fusion rules: attention+QKV merge, LayerNorm/SkipLayerNorm, GELU/BiasGelu, Gemm, Conv+BN/act"
     Config = FuseConfig
+    Notes = FuseNotes
     consumes = frozenset({"onnx"})
     # 2: an IR-3 input's fused graph is written at IR 4 (valid without its weights as inputs); 3: kernel choice;
     # 4: generation artifacts (kv_attention)
@@ -107,14 +118,14 @@ class FusePass(Pass):
         """A kernel choice holds for the threads and benchmark settings it was measured with."""
         from optimizer.core.pass_base import timing_key
 
-        cfg: FuseConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         return timing_key(recipe) if cfg.measure else None
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         reason = super().skip_reason(artifact, ctx)
         if reason is not None or not artifact.decode:
             return reason
-        cfg: FuseConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         target = ctx.recipe.target.device if cfg.target == "auto" else cfg.target
         if not any(RULES_BY_NAME[r].generation and RULES_BY_NAME[r].runs_on(target) for r in cfg.rules):
             able = [f"{r.name} ({'/'.join(sorted(r.targets))})" for r in RULES if r.generation]
@@ -131,7 +142,7 @@ class FusePass(Pass):
         from passes.fuse.kernel_choice import KernelChoice, choose_kernels
         from passes.fuse.probe import add_contrib_opset, mask_input_name, probe_values, run_probe
 
-        cfg: FuseConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         target = ctx.recipe.target.device if cfg.target == "auto" else cfg.target
         if artifact.decode:
             from passes.fuse.generation import fuse_generation
@@ -212,9 +223,9 @@ class FusePass(Pass):
             "check_vs_input": check,
         }
         if choices:
-            notes["kernel_choice"] = {c.rule: c.to_json() for c in choices}
+            notes["kernel_choice"] = {c.rule: c.note() for c in choices}
         elif cfg.measure and device != "cpu":  # the timing and the profile would not run on the target
             notes["kernel_choice_skipped"] = f"measured on a cpu target only (this one is {device}): every rule kept"
         if ir_version != source_model.ir_version:
             notes["ir_version"] = {"input": source_model.ir_version, "output": ir_version}
-        return PassResult(out, modified=any(r.fused for r in reports.values()), notes=notes)
+        return PassResult(out, modified=any(r.fused for r in reports.values()), notes=FuseNotes.model_validate(notes))

@@ -12,4 +12,4 @@ def compare_graphs(before: Artifact, after: Artifact, ctx: PassContext) -> dict[
     """Per output: the worst cosine and max abs error of `after` against `before` (same runtime options, on the
     CPU), through the one accuracy implementation (ctx.check)."""
     check = ctx.check(before, after)
-    return {name: {"cosine": a["cosine"], "max_abs": a["max_abs"]} for name, a in check.per_output.items()}
+    return {name: {"cosine": a.cosine, "max_abs": a.max_abs} for name, a in check.per_output.items()}

@@ -30,7 +30,8 @@ from typing import Any
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
-from optimizer.core.pass_base import PassContext
+from optimizer.core.metrics import TimedComparison
+from optimizer.core.pass_base import PassContext, PassNotes
 from passes.fuse.rule import RULES_BY_NAME
 
 MIN_KERNEL_GAIN = 0.10  # the fused kernels must cost 10% more than the ops they replace (profile) to leave them out
@@ -74,40 +75,59 @@ def kernel_cost(with_rule: Artifact, without_rule: Artifact, ctx: PassContext) -
     )
 
 
+class KernelChoiceNote(PassNotes):
+    """One measured rule in the fuse stage's notes (`kernel_choice`): whether it was kept and the line that says
+    why; with a timing, the graph without the rule against the graph with it (ctx.time) and the kernels' costs."""
+
+    fused: int | None = None  # places the rule fused in the graph it was measured in
+    kept: bool = True
+    without_rule_speedup: float | None = None  # graph with the rule P50 / without it: > 1, faster without
+    low: float | None = None
+    high: float | None = None
+    verdict: str | None = None
+    p50_ms_with: float | None = None
+    p50_ms_without: float | None = None
+    ort_fusions_disabled: list[str] | None = None
+    kernel_op_types: list[str] | None = None
+    kernel_ms_with: float | None = None
+    kernel_ms_without: float | None = None
+    line: str
+
+
 @dataclass
 class KernelChoice:
     rule: str
     fused: int  # places the rule fused in the graph it was measured in
     kept: bool
-    timing: dict[str, Any] | None  # ctx.time of the graph without the rule (candidate) against the graph with it
+    timing: TimedComparison | None  # ctx.time of the graph without the rule (candidate) against the graph with it
     disabled: list[str]  # ONNX Runtime fusions disabled because the rule was left out
     kernels: KernelCost | None = None
     failed: str | None = None  # why it could not be measured (the rule is kept)
 
-    def to_json(self) -> dict[str, Any]:
+    def note(self) -> KernelChoiceNote:
         t = self.timing
         if t is None:
-            return {"fused": self.fused, "kept": True, "line": self.line()}
-        return {
+            return KernelChoiceNote(fused=self.fused, kept=True, line=self.line())
+        return KernelChoiceNote.model_validate({
             "fused": self.fused,
             "kept": self.kept,
-            "without_rule_speedup": t["speedup"],
-            "low": t["low"],
-            "high": t["high"],
-            "verdict": t["verdict"],
-            "p50_ms_with": t["input_p50_ms"],
-            "p50_ms_without": t["p50_ms"],
+            "without_rule_speedup": t.ratio,
+            "low": t.low,
+            "high": t.high,
+            "verdict": t.verdict,
+            "p50_ms_with": t.input_p50_ms,
+            "p50_ms_without": t.p50_ms,
             "ort_fusions_disabled": self.disabled,
             **({"kernel_op_types": self.kernels.op_types, "kernel_ms_with": self.kernels.with_rule_ms,
                 "kernel_ms_without": self.kernels.without_rule_ms} if self.kernels is not None else {}),
             "line": self.line(),
-        }
+        })
 
     def line(self) -> str:
         t, k = self.timing, self.kernels
         if t is None:
             return f"{self.rule}: kept; {self.failed}"
-        ratio = f"{t['speedup']:.2f}x ({t['low']:.2f}-{t['high']:.2f}, {t['verdict']})"
+        ratio = f"{t.ratio:.2f}x ({t.low:.2f}-{t.high:.2f}, {t.verdict})"
         cost = (
             f"its kernels {k.with_rule_ms:.2f} ms per call against {k.without_rule_ms:.2f} ms for the ops they "
             f"replace ({', '.join(k.op_types)}: ORT profile); "
@@ -153,9 +173,9 @@ def choose_kernels(
             continue
         kernels = kernel_cost(current, candidate, ctx)
         if kernels is not None:  # the profile decides; the whole graph must not be slower without the rule
-            kept = not kernels.cheaper_without() or timing["verdict"] == "slower"
+            kept = not kernels.cheaper_without() or timing.verdict == "slower"
         else:
-            kept = timing["speedup"] < 1 + MIN_GAIN
+            kept = timing.ratio < 1 + MIN_GAIN
         choices.append(KernelChoice(rule, fused[rule], kept, timing, [] if kept else disabled, kernels))
         if not kept:
             current, keep = candidate, without

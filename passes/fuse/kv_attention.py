@@ -225,6 +225,10 @@ def match_kv(graph: gs.Graph, layer: int, padded: bool) -> KvMatch:
 
 def fuse_kv_attention(graph: gs.Graph, ctx: RuleContext) -> RuleReport:
     report = RuleReport()
+    if any(t.name.startswith("cross.") for t in [*graph.inputs, *graph.outputs]):  # runtime.seq2seq's names
+        report.skipped = ("an encoder-decoder's graph (cross-attention K/V): this rule knows a decoder's attention "
+                          "only (its masks read the decoder's own attention_mask; T5 adds a position bias)")
+        return report
     layers = sorted(int(m.group(1)) for t in graph.outputs if (m := PRESENT.fullmatch(t.name)))
     if not layers:
         report.misses.append("no present.{i}.key outputs: no KV cache named as export writes it")

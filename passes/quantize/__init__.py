@@ -16,13 +16,13 @@ from pydantic import Field, model_validator
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
-from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
+from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassNotes, PassResult
 from optimizer.recipe.schema import Recipe, recipe_metric
 from passes.quantize.modes import DEFAULT_OPS
 from passes.quantize.weight_only import WeightOnlySettings
 
 
-class Calibration(PassConfig):
+class CalibrationConfig(PassConfig):
     method: Literal["minmax", "entropy", "percentile"] = "minmax"
     samples: int = Field(default=16, ge=1, description="calibration inputs (text from the end of the file)")
     percentile: float = Field(default=99.999, gt=50, le=100)
@@ -64,7 +64,7 @@ class QuantizeConfig(PassConfig):
     )
     op_types: list[str] = Field(default_factory=lambda: list(DEFAULT_OPS))
     exclude_nodes: list[str] = Field(default_factory=list)
-    calibration: Calibration = Field(default_factory=Calibration)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     keep_io_types: bool = True
     op_block_list: list[str] = Field(default_factory=list, description="fp16: op types kept in FP32")
     node_block_list: list[str] = Field(default_factory=list, description="fp16: nodes kept in FP32")
@@ -90,18 +90,31 @@ class QuantizeConfig(PassConfig):
         return self
 
 
+class QuantizeNotes(PassNotes):
+    """A quantize stage's notes. Typed: what a bundle's manifest reads back (deploy.bundle: the precision of the
+    stage); the rest of the account (calibration, reduce_range, the hybrid search, smoothing, check...) as the mode
+    wrote it. A generation artifact's are per graph (`prefill`, `decode`)."""
+
+    mode: str | None = None  # QuantizeConfig.mode
+    int8_nodes: list[str] | None = None  # hybrid: the nodes chosen for INT8
+    quantization_ops: dict[str, int] | None = None  # quantization op types in the graph written, counted
+    prefill: QuantizeNotes | None = None
+    decode: QuantizeNotes | None = None
+
+
 def symmetric_activations(cfg: QuantizeConfig, device: str) -> bool:
     """Signed, zero-point-0 activations: asked for, or by default on cuda targets (what TensorRT takes)."""
     return cfg.symmetric_activations if cfg.symmetric_activations is not None else device == "cuda"
 
 
-class QuantizePass(Pass):
+class QuantizePass(Pass[QuantizeConfig]):
     name = "quantize"
     summary = (
         "INT8 (dynamic, static QDQ), FP16, weight-only INT4/INT8 (MatMulNBits), and hybrid INT8/FP32 chosen per "
         "node under the accuracy budget"
     )
     Config = QuantizeConfig
+    Notes = QuantizeNotes
     consumes = frozenset({"onnx"})
     # 2: generation graphs share one weights file; 3: hybrid judged on kept positions, timed by the harness;
     # 4: INT8 modes un-fuse FusedConv first (Conv + Add + activation), so fused CNNs get INT8 convolutions
@@ -115,14 +128,14 @@ class QuantizePass(Pass):
         from optimizer.core.pass_base import timing_key
         from optimizer.runtime.cpu_features import int8_reduce_range
 
-        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         extras = dict(timing_key(recipe)) if cfg.mode == "hybrid" and recipe.target.device == "cpu" else {}
         if cfg.mode in ("int8_dynamic", "hybrid") and int8_reduce_range()[0]:
             extras["int8_reduce_range"] = True  # 7-bit weights on this CPU: not the artifact a VNNI machine builds
         return extras or None
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
-        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         if artifact.decode and cfg.mode not in ("int8_dynamic", "fp16", "weight_only"):
             return f"{cfg.mode} on generation graphs is not supported yet (int8_dynamic, fp16 and weight_only are)"
         return super().skip_reason(artifact, ctx) or self._nothing_to_quantize(artifact)
@@ -133,7 +146,7 @@ class QuantizePass(Pass):
         from optimizer.runtime import onnx_io
         from passes.quantize import modes
 
-        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         if cfg.mode not in ("int8_static", "int8_dynamic") or artifact.decode or artifact.path is None:
             return None
         model = onnx_io.load(artifact.path, with_weights=False)
@@ -142,11 +155,12 @@ class QuantizePass(Pass):
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         result = self._run_generation(artifact, ctx) if artifact.decode else self._run_one(artifact, ctx)
-        if self.config.mode == "weight_only":  # type: ignore[attr-defined]
+        if self.config.mode == "weight_only":
             from passes.quantize.weight_only import check_against_input
 
             check = check_against_input(artifact, result.artifact, ctx)
-            return PassResult(result.artifact, result.modified, {**result.notes, "check": check})
+            return PassResult(result.artifact, result.modified,
+                              QuantizeNotes.model_validate({**result.notes_json(), "check": check}))
         return result
 
     def _run_generation(self, artifact: Artifact, ctx: PassContext) -> PassResult:
@@ -173,14 +187,16 @@ class QuantizePass(Pass):
         out = p.artifact.derive(
             external_data=shared, decode="decode.onnx", layers=artifact.layers, decode_external_data=[]
         )
-        return PassResult(out, modified=True, notes={"prefill": dict(p.notes), "decode": dict(d.notes)})
+        notes = QuantizeNotes(prefill=QuantizeNotes.model_validate(p.notes_json()),
+                              decode=QuantizeNotes.model_validate(d.notes_json()))
+        return PassResult(out, modified=True, notes=notes)
 
     def _run_one(self, artifact: Artifact, ctx: PassContext) -> PassResult:
 
         from optimizer.runtime import onnx_io
         from passes.quantize import modes
 
-        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         assert artifact.path is not None
         src = self._named_input(artifact, ctx)
         dst = ctx.stage_dir / "model.onnx"
@@ -229,7 +245,7 @@ class QuantizePass(Pass):
             leftover.unlink()
         external = onnx_io.save(full, dst)
         out = artifact.derive(path=dst, external_data=external)
-        return PassResult(out, modified=True, notes=notes)
+        return PassResult(out, modified=True, notes=QuantizeNotes.model_validate(notes))
 
     def _int8(
         self, src: Path, dst: Path, ctx: PassContext, cfg: QuantizeConfig, runtime: dict | None = None

@@ -23,7 +23,7 @@ MASK_FILTER = -10000.0  # the Attention op's mask_filter_value default: (1 - mas
 
 
 @dataclass
-class Unfused:
+class UnfusedAttention:
     """What `unfuse` wrote: per Attention node (name), its projection MatMul (same name) and its two core MatMuls;
     Attention nodes left fused with the reason."""
 
@@ -34,14 +34,14 @@ class Unfused:
         return [n for pair in self.core.values() for n in pair]
 
 
-def unfuse(model: Any, names: set[str] | None = None) -> Unfused:
+def unfuse(model: Any, names: set[str] | None = None) -> UnfusedAttention:
     """Rewrite the (named, or all) com.microsoft Attention nodes of `model` in place; see the module doc."""
     from onnx import helper, numpy_helper, shape_inference
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     ranks = _ranks(shape_inference.infer_shapes(model))
-    out = Unfused()
+    out = UnfusedAttention()
     nodes: list[Any] = []
     replaced: list[str] = []
     for node in graph.node:
@@ -99,7 +99,9 @@ def _unsupported(node: Any, inits: dict[str, Any], ranks: dict[str, int]) -> str
     return None
 
 
-def _core(node: Any, w: np.ndarray, b: np.ndarray, hidden: int, heads: int, graph: Any, out: Unfused) -> list[Any]:
+def _core(
+    node: Any, w: np.ndarray, b: np.ndarray, hidden: int, heads: int, graph: Any, out: UnfusedAttention
+) -> list[Any]:
     from onnx import TensorProto, helper, numpy_helper
 
     n = node.name

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import TimedComparison
 from optimizer.core.pass_base import PassContext
 from passes.quantize.modes import int8_dynamic
 
@@ -93,16 +94,17 @@ class Evaluator:
                 check = self.ctx.check([[ref[self.index]]], judged, [feed])
                 value = check.worst(self.metric)
                 acc = next(iter(check.per_output.values()))
-                means.append(float(acc.get(f"{self.metric}_mean", value)) if value > 0 else 0.0)
+                mean = acc.figure(f"{self.metric}_mean")
+                means.append((mean if mean is not None else value) if value > 0 else 0.0)
                 worst = min(worst, value)
         return {"cosine": worst, "cosine_mean": float(np.mean(means)) if means else 1.0}
 
     def cosine(self, path: Path) -> float:
         return self.accuracy(path)["cosine"]
 
-    def speed(self, path: Path) -> dict[str, Any]:
-        """The candidate timed interleaved with the input graph (the harness, through ctx.time): its speedup over
-        the input with the 95% interval, and both P50s."""
+    def speed(self, path: Path) -> TimedComparison:
+        """The candidate timed interleaved with the input graph (the harness, through ctx.time): its ratio over
+        the input (> 1: faster) with the 95% interval, and both P50s."""
         return self.ctx.time(self._artifact(path), self._artifact(self.src), self.timing_feeds)
 
 
@@ -113,7 +115,7 @@ def _log_sigma(t: dict[str, Any]) -> float:
 def relative_low(candidate: dict[str, Any], best: dict[str, Any]) -> float:
     """Lower end of the 95% interval of candidate speed / best speed, from their two measurements against the
     same input graph (independent sessions: variances add in log space)."""
-    mu = math.log(candidate["speedup"]) - math.log(best["speedup"])
+    mu = math.log(candidate["ratio"]) - math.log(best["ratio"])
     sigma = math.sqrt(_log_sigma(candidate) ** 2 + _log_sigma(best) ** 2)
     return math.exp(mu - 1.96 * sigma)
 
@@ -212,20 +214,20 @@ def _choose_by_speed(lo: int, build: Any, point: Any, evaluator: Evaluator, stat
     timed: dict[int, dict[str, Any]] = {}
     for i, k in enumerate(sizes):
         point(k)  # every timed set is also within the budget (smaller sets than lo are, by sensitivity order)
-        timed[k] = {"int8_nodes": k, **evaluator.speed(build(k))}
+        timed[k] = {"int8_nodes": k, **evaluator.speed(build(k)).to_json()}
         state.timings.append(timed[k])
         progress("timing INT8 sets against FP32", i + 1, len(sizes))
-    fastest = max(timed.values(), key=lambda t: t["speedup"])
+    fastest = max(timed.values(), key=lambda t: t["ratio"])
     for k in sizes:  # ascending: the fewest INT8 nodes whose speed is that of the fastest set, within noise
         t = timed[k]
         t["vs_fastest_low"] = 1.0 if t is fastest else relative_low(t, fastest)
         if t is fastest or t["vs_fastest_low"] >= 1 - state.speed_tolerance:
             state.decision = (
-                f"{k} INT8 nodes: {t['speedup']:.2f}x the FP32 input ({t['low']:.2f}-{t['high']:.2f}); the fastest "
-                f"set timed ({fastest['int8_nodes']} nodes, {fastest['speedup']:.2f}x) is at most "
+                f"{k} INT8 nodes: {t['ratio']:.2f}x the FP32 input ({t['low']:.2f}-{t['high']:.2f}); the fastest "
+                f"set timed ({fastest['int8_nodes']} nodes, {fastest['ratio']:.2f}x) is at most "
                 f"{state.speed_tolerance:.0%} faster at 95% confidence"
                 if t is not fastest
-                else f"{k} INT8 nodes: the fastest set timed, {t['speedup']:.2f}x the FP32 input "
+                else f"{k} INT8 nodes: the fastest set timed, {t['ratio']:.2f}x the FP32 input "
                 f"({t['low']:.2f}-{t['high']:.2f}); fewer INT8 nodes were slower beyond "
                 f"{state.speed_tolerance:.0%}"
             )

@@ -136,7 +136,7 @@ FUSED_ACTIVATIONS = {"Relu": 0, "Sigmoid": 0, "Tanh": 0, "LeakyRelu": 1, "HardSi
 
 
 @dataclass
-class Unfused:
+class UnfusedConvs:
     """What `unfuse_convs` wrote back: the Convs (each keeps its FusedConv's name, so exclude_nodes still
     names it), the Add/activation nodes written after them (name -> op type), and FusedConvs left alone."""
 
@@ -149,7 +149,7 @@ class Unfused:
     extra_exclude: list[str] = field(default_factory=list)
 
 
-def unfuse_convs(model: Any, ops: list[str]) -> Unfused:
+def unfuse_convs(model: Any, ops: list[str]) -> UnfusedConvs:
     """Write each com.microsoft.FusedConv of `model` back as Conv [+ Add of its Z input] [+ its activation], in
     place and exactly (FusedConv computes activation(W * x + b + Z)), when Conv is among the op types to quantize.
 
@@ -160,7 +160,7 @@ def unfuse_convs(model: Any, ops: list[str]) -> Unfused:
     convolutions, nearly all of a CNN's work, in FP32. Doing it in the quantize pass (rather than in `fuse` when
     a quantization follows) keeps every stage true to its name: the fuse stage is still measured with its FP32
     FusedConv, and a graph fused anywhere else composes the same way."""
-    out = Unfused()
+    out = UnfusedConvs()
     if "Conv" not in ops:
         return out
     graph = model.graph
@@ -247,7 +247,9 @@ PER_CHANNEL_QDQ_OPSET = 13
 
 
 @contextmanager
-def quantizer_input(src: Path, work: Path, ops: list[str], per_channel_qdq: bool) -> Iterator[tuple[Path, Unfused]]:
+def quantizer_input(
+    src: Path, work: Path, ops: list[str], per_channel_qdq: bool
+) -> Iterator[tuple[Path, UnfusedConvs]]:
     """What ORT's INT8 quantizers can take: `src` itself, or a copy at `work` (deleted afterwards) with its
     FusedConv nodes un-fused (unfuse_convs) and, for per-channel QDQ, its opset lifted to 13."""
     from onnx import version_converter
@@ -258,7 +260,7 @@ def quantizer_input(src: Path, work: Path, ops: list[str], per_channel_qdq: bool
     fused = "Conv" in ops and any(n.op_type == "FusedConv" and n.domain == MS for n in graph_only.graph.node)
     lift = per_channel_qdq and _opset(graph_only) < PER_CHANNEL_QDQ_OPSET
     if not fused and not lift:
-        yield src, Unfused()
+        yield src, UnfusedConvs()
         return
     model = onnx_io.load(src)
     unfused = unfuse_convs(model, ops)

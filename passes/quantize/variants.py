@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.artifact import Artifact
+from optimizer.core.metrics import TimedComparison
 from optimizer.core.pass_base import PassContext
 from passes.quantize import attention, modes, smooth
 from passes.quantize.calibration import FeedReader
@@ -63,18 +64,18 @@ def smooth_file(
 
 
 def _line(
-    technique: str, tried: Choice, current: Choice, kept: bool, why: str, versus: dict | None = None, **extra: Any
+    technique: str, tried: Choice, current: Choice, kept: bool, why: str, versus: TimedComparison | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     line: dict[str, Any] = {"technique": technique, "int8_nodes": len(tried.int8), "cosine": tried.cosine}
     line["previous"] = {"form": current.form, "int8_nodes": len(current.int8), "cosine": current.cosine}
     if versus is not None:  # tried (p50_ms) against previous (input_p50_ms), interleaved
-        keys = ("speedup", "low", "high", "verdict", "p50_ms", "input_p50_ms", "calls")
-        line["vs_previous"] = {k: versus[k] for k in keys if k in versus}
-        line["gain"] = versus["speedup"]
+        line["vs_previous"] = versus.to_json(exclude={"in_run_low", "in_run_high", "instance_sd", "rounds"})
+        line["gain"] = versus.ratio
     return {**line, **extra, "kept": kept, "why": why}
 
 
-def _versus(evaluator: Evaluator, tried: Path, current: Path) -> dict[str, Any]:
+def _versus(evaluator: Evaluator, tried: Path, current: Path) -> TimedComparison:
     """`tried` timed against `current` by the harness (ctx.time), interleaved, on the search's timing inputs."""
 
     def art(path: Path) -> Artifact:
@@ -113,8 +114,8 @@ def improve(
             lines.append(_line(name, tried, current, False, f"cosine {tried.cosine:.10f} < {target:.10f}", **extra))
             continue
         versus = _versus(evaluator, path, current.path)
-        faster = versus["low"] > 1.0  # faster at 95% confidence: within noise keeps the simpler form
-        why = f"within budget, {versus['speedup']:.3f}x the {current.form} set" + (
+        faster = versus.low > 1.0  # faster at 95% confidence: within noise keeps the simpler form
+        why = f"within budget, {versus.ratio:.3f}x the {current.form} set" + (
             "" if faster else ": not faster at 95% confidence"
         )
         lines.append(_line(name, tried, current, faster, why, versus, **extra))
@@ -169,8 +170,8 @@ def _try_smooth(
         return current
     choice = tried[lo]
     versus = _versus(evaluator, choice.path, current.path)
-    faster = versus["low"] > 1.0  # faster at 95% confidence: within noise keeps the simpler form
-    why = f"{lo} more INT8 nodes within budget, {versus['speedup']:.3f}x the unsmoothed set" + (
+    faster = versus.low > 1.0  # faster at 95% confidence: within noise keeps the simpler form
+    why = f"{lo} more INT8 nodes within budget, {versus.ratio:.3f}x the unsmoothed set" + (
         "" if faster else ": not faster at 95% confidence, kept the unsmoothed set"
     )
     lines.append(_line("smooth", choice, current, faster, why, versus, **extra))

@@ -264,5 +264,5 @@ def check_against_input(before: Artifact, after: Artifact, ctx: PassContext) -> 
     check = ctx.check(before, after)
     return {
         "against": "the input graph (float weights)",
-        "cosine": {name: a.get("cosine") for name, a in check.per_output.items()},
+        "cosine": {name: a.cosine for name, a in check.per_output.items()},
     }

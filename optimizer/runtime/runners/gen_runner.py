@@ -1,5 +1,6 @@
 """Generation runners: a greedy loop over PyTorch (stage 0, static-cache and CUDA-graph stages) or over the
-prefill + decode ONNX graphs (ONNX Runtime; IO binding on the CUDA EP so the KV cache stays on the device)."""
+prefill + decode ONNX graphs (ONNX Runtime; IO binding on the CUDA EP so the KV cache stays on the device); for
+encoder-decoders (model.task text2text-generation / automatic-speech-recognition) the loop of runtime.seq2seq."""
 
 from __future__ import annotations
 
@@ -7,11 +8,29 @@ from typing import Any
 
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import OptimizerError
+from optimizer.recipe.schema import SEQ2SEQ_TASKS
 from optimizer.runtime.threads import target_threads
+
+SEQ2SEQ_CPU_ONLY = "target.device: cuda, but encoder-decoder (seq2seq) generation is built for the CPU only so far"
+
+
+def ort_loop(prefill: Any, decode: Any, layers: int, device: str) -> Any:
+    """The greedy loop over a prefill and a decode session: an encoder-decoder's (its decode graph takes
+    cross-attention K/V) or a decoder's, with IO binding on CUDA. Raises OptimizerError for an encoder-decoder on
+    CUDA (its loop is built for the CPU only)."""
+    from optimizer.runtime.generation import OrtBoundGenerator, OrtGenerator
+    from optimizer.runtime.seq2seq import OrtSeq2SeqGenerator, is_seq2seq_session
+
+    if is_seq2seq_session(decode):
+        if device == "cuda":
+            raise OptimizerError(SEQ2SEQ_CPU_ONLY)
+        return OrtSeq2SeqGenerator(prefill, decode, layers)
+    if device == "cuda":
+        return OrtBoundGenerator(prefill, decode, layers, "cuda")
+    return OrtGenerator(prefill, decode, layers)
 
 
 def ort_generator(artifact: Artifact, recipe: Any, device: str | None = None) -> Any:
-    from optimizer.runtime.generation import OrtBoundGenerator, OrtGenerator
     from optimizer.runtime.sessions import ort_session
 
     device = device or recipe.target.device
@@ -20,10 +39,7 @@ def ort_generator(artifact: Artifact, recipe: Any, device: str | None = None) ->
         raise OptimizerError(f"{artifact.path}: not a generation artifact (no decode graph)")
     runtime = {**artifact.runtime, "cuda_graph": False}
     sessions = [ort_session(p, runtime, target_threads(recipe), device) for p in (artifact.path, decode)]
-    layers = artifact.decoder_layers()
-    if device == "cuda":
-        return OrtBoundGenerator(sessions[0], sessions[1], layers, "cuda")
-    return OrtGenerator(sessions[0], sessions[1], layers)
+    return ort_loop(sessions[0], sessions[1], artifact.decoder_layers(), device)
 
 
 def genai_generator(artifact: Artifact, recipe: Any, profile_prefix: str | None = None) -> Any:
@@ -49,6 +65,15 @@ def torch_generator(artifact: Artifact, recipe: Any) -> Any:
     if device == "cuda" and cuda_reason() is not None:
         raise OptimizerError(f"target.device: cuda, but {cuda_reason()}")
     model, threads = load_module(recipe), target_threads(recipe)
+    if getattr(recipe.model, "task", None) in SEQ2SEQ_TASKS:
+        if device == "cuda":
+            raise OptimizerError(SEQ2SEQ_CPU_ONLY)
+        if artifact.runtime.get("kv_cache") == "static" or artifact.runtime.get("cuda_graph"):
+            raise OptimizerError("a static KV cache and CUDA graphs are built for decoders (causal-lm), not yet "
+                                 f"for encoder-decoders (model.task {recipe.model.task})")
+        from optimizer.runtime.seq2seq import TorchSeq2SeqGenerator
+
+        return TorchSeq2SeqGenerator(model, threads, device)
     if artifact.runtime.get("kv_cache") == "static":
         from optimizer.runtime.generation_static import StaticCacheGenerator
 
