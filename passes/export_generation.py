@@ -16,6 +16,7 @@ from optimizer.core.errors import PassError
 from optimizer.core.pass_base import PassContext
 from optimizer.core.quiet import quiet
 from optimizer.recipe.schema import SEQ2SEQ_TASKS
+from passes.graph_pair import graph_pair
 
 
 def export_generation(
@@ -27,7 +28,6 @@ def export_generation(
         return export_seq2seq(artifact, ctx, opset, min_cosine)
     import torch
 
-    from optimizer.runtime import onnx_io
     from optimizer.runtime.generation import cache_names, wrappers
     from optimizer.runtime.models import load_module
 
@@ -70,21 +70,7 @@ def export_generation(
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PassError(f"generation export failed: {first}") from e
-    tmp = {part: ctx.stage_dir / f"{part}.tmp.onnx" for part in ("prefill", "decode")}
-    shared = onnx_io.save_shared({f"{part}.onnx": onnx_io.load(path) for part, path in tmp.items()}, ctx.stage_dir)
-    for path in tmp.values():
-        path.unlink()
-    out = artifact.derive(
-        kind="onnx",
-        path=ctx.stage_dir / "prefill.onnx",
-        runtime={"graph_optimization_level": "disable_all"},
-        exporter="dynamo",
-        external_data=shared,  # one weights file for both graphs (onnx_io.save_shared)
-        decode="decode.onnx",
-        decode_external_data=[],
-        layers=layers,
-        output_names=["generation"],
-    )
+    out = graph_pair(artifact, ctx, layers)
     check = _check(model, out, ctx, min_cosine)
     return out, {"graphs": ["prefill.onnx", "decode.onnx"], "layers": layers, "check": check, "log": log.getvalue()}
 

@@ -18,6 +18,7 @@ from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import PassContext
 from optimizer.core.quiet import quiet
+from passes.graph_pair import graph_pair
 
 SAMPLE_BATCH = 2  # exporters specialize a dim of size 1: the sample's batch, source length and past are above it
 SAMPLE_SOURCE = 6  # T5's sample source tokens
@@ -37,7 +38,6 @@ def export_seq2seq(
 ) -> tuple[Artifact, dict[str, Any]]:
     import torch
 
-    from optimizer.runtime import onnx_io
     from optimizer.runtime.generation import cache_names
     from optimizer.runtime.models import load_module
     from optimizer.runtime.seq2seq import ENCODER_MASK, cross_names, encoder_arrays, prompt_of, seq2seq_wrappers
@@ -87,21 +87,7 @@ def export_seq2seq(
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PassError(f"encoder-decoder export failed: {first}") from e
-    tmp = {part: ctx.stage_dir / f"{part}.tmp.onnx" for part in ("prefill", "decode")}
-    shared = onnx_io.save_shared({f"{part}.onnx": onnx_io.load(path) for part, path in tmp.items()}, ctx.stage_dir)
-    for path in tmp.values():
-        path.unlink()
-    out = artifact.derive(
-        kind="onnx",
-        path=ctx.stage_dir / "prefill.onnx",
-        runtime={"graph_optimization_level": "disable_all"},
-        exporter="dynamo",
-        external_data=shared,  # one weights file for both graphs (onnx_io.save_shared)
-        decode="decode.onnx",
-        decode_external_data=[],
-        layers=layout.layers,
-        output_names=["generation"],
-    )
+    out = graph_pair(artifact, ctx, layout.layers)
     check = _check(model, out, ctx, min_cosine)
     notes = {"graphs": ["prefill.onnx", "decode.onnx"], "layers": layout.layers, "encoder_inputs":
              list(layout.encoder_inputs), "decoder_start_token_id": layout.start_token, "check": check,

@@ -208,7 +208,10 @@ def test_each_stage_says_where_its_measurement_time_went(first_run: tuple[Path, 
     for st in report["stages"]:
         phases = st["metrics"]["phase_seconds"]
         assert set(phases) == {"load", "accuracy", "time", "profile", "memory"}, st["name"]
-        assert all(v > 0 for v in phases.values()) and phases["time"] > 0.01
+        assert all(v > 0 for v in phases.values())
+        # the "time" step holds at least every timed call of the stage itself
+        timed = sum(m["latency"]["mean_ms"] * m["latency"]["n"] for m in st["metrics"]["scenarios"].values()) / 1e3
+        assert 0 < timed <= phases["time"], st["name"]
         assert sum(phases.values()) <= st["bench_seconds"]
     import subprocess
     import sys
