@@ -62,7 +62,7 @@ class PrecisionRan(PassNotes):
 
 
 class OpenVinoNotes(PassNotes):
-    """An openvino stage's notes. Typed: what a bundle's manifest reads back (deploy.bundle); the rest (versions,
+    """An openvino stage's notes. Typed: what a bundle's manifest reads back (deploy.export); the rest (versions,
     compile options, IR op types) as written."""
 
     precision: PrecisionRan | None = None

@@ -14,7 +14,8 @@ from conftest import mlp_recipe, write_recipe
 from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassContext, PassResult
-from optimizer.engine.pipeline import Pipeline, is_our_bug
+from optimizer.engine.pipeline import Pipeline
+from optimizer.engine.triage import is_our_bug
 from optimizer.recipe.loading import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -68,7 +68,8 @@ def test_windows_cover_the_timing_but_not_the_accuracy_run(slow_accuracy_run: di
 
 @pytest.mark.slow
 def test_bench_of_a_bundle_holds_the_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from optimizer.deploy.bundle import bench_bundle, export_bundle
+    from optimizer.deploy.bench import bench_bundle
+    from optimizer.deploy.export import export_bundle
     from optimizer.report.build import build_report
 
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe(name="w-bundle", passes=[{"type": "export"}])))

@@ -42,13 +42,13 @@ def test_an_edited_metrics_file_is_measured_again(tmp_path: Path) -> None:
 def test_cached_metrics_that_do_not_fit_the_schema_are_measured_again(tmp_path: Path) -> None:
     """A metrics.json with a valid checksum but a layout the typed report cannot read (an older version's, say)
     is measured again, not carried into the report where it would stop the run."""
-    from optimizer.engine.pipeline import _metrics_digest
+    from optimizer.engine.stage_cache import metrics_digest
 
     _run(tmp_path)
     path = tmp_path / "out" / "02-ort_session" / "metrics.json"
     saved = json.loads(path.read_text())
     saved["metrics"]["scenarios"]["b1"]["latency"] = "fast"
-    saved["digest"] = _metrics_digest(saved["key"], saved)
+    saved["digest"] = metrics_digest(saved["key"], saved)
     path.write_text(json.dumps(saved))
     ort = _run(tmp_path)[2]
     assert isinstance(ort.metrics["scenarios"]["b1"]["latency"], dict)

@@ -22,9 +22,11 @@ from optimizer.measure.profiles import (
     ops_per_call,
 )
 from optimizer.recipe.loading import load_recipe
-from optimizer.report.build import build_report, findings, to_markdown
+from optimizer.report.build import build_report
 from optimizer.report.explain import explain, explain_all
+from optimizer.report.findings import findings
 from optimizer.report.html import to_html
+from optimizer.report.markdown import to_markdown
 from optimizer.report.schema import RunReport
 
 

@@ -21,7 +21,7 @@ from optimizer.measure.machine import busy_sentence, busy_summary
 from optimizer.recipe.auto import recipe_for_model
 from optimizer.recipe.loading import load_recipe
 from optimizer.recipe.schema import FactorySource
-from optimizer.report.build import to_markdown
+from optimizer.report.markdown import to_markdown
 from optimizer.report.schema import parse_report
 from optimizer.report.tables import scenario_title
 
@@ -203,7 +203,7 @@ except SystemExit:
     pass
 from pathlib import Path
 import numpy as np
-from optimizer.deploy.bundle import _polygraphy_reference  # what `optimizer export` writes into a bundle
+from optimizer.deploy.export import _polygraphy_reference  # what `optimizer export` writes into a bundle
 _polygraphy_reference(Path(sys.argv[2]), [{"x": np.zeros(2)}], [{"y": np.ones(2)}])
 from polygraphy.logger import G_LOGGER
 G_LOGGER.info("an info line")
@@ -252,3 +252,16 @@ def test_a_failed_stage_0_is_one_line_not_tables(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     shown_lines = [line for line in shown.stdout.strip().splitlines() if line.strip()]
     assert len(shown_lines) == 1 and "returned str, not a torch.nn.Module" in shown_lines[0], shown.stdout
+
+
+def test_nncf_info_lines_stay_out_of_our_output() -> None:
+    """NNCF logs every step of its accuracy-aware search at INFO (dozens of "INFO:nncf:..." lines, each node it
+    reverts) into the user's terminal; our stage's progress and notes say what happened. Warnings still show."""
+    import logging
+
+    pytest.importorskip("nncf")
+    from optimizer.runtime.ov_engine import nncf_module
+
+    nncf_module()
+    assert not logging.getLogger("nncf").isEnabledFor(logging.INFO)
+    assert logging.getLogger("nncf").isEnabledFor(logging.WARNING)

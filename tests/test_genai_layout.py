@@ -220,7 +220,8 @@ def test_the_bundle_is_served_by_genais_runtime(genai_run: tuple[list, Path], tm
     """`export --format genai` (auto for these stages) writes GenAI's folder; verify reruns our loop and GenAI's
     own runtime on it, and each catches tokens that differ."""
     from optimizer.deploy import genai_bundle
-    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import verify_bundle
     from optimizer.report.history import load_report
 
     report = load_report(str(genai_run[1] / "out"))

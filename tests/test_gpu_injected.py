@@ -220,8 +220,8 @@ def test_int8_for_tensorrt_is_symmetric_and_the_tensorrt_pass_checks_it(tmp_path
     from test_verdicts import sensitive_chain
 
     from optimizer.runtime.gpu.profiles import asymmetric_qdq_reason
-    from passes.quantize import QuantizeConfig, symmetric_activations
     from passes.quantize.calibration import FeedReader
+    from passes.quantize.config import QuantizeConfig, symmetric_activations
     from passes.quantize.modes import int8_static
 
     assert symmetric_activations(QuantizeConfig(mode="int8_static"), "cuda") is True
@@ -327,7 +327,7 @@ def _report(device: str, threads: int) -> Any:
 def test_triton_config_parses_and_serves_as_measured(level: str, expected: int | None) -> None:
     from google.protobuf import text_format
 
-    from optimizer.deploy.bundle import triton_config
+    from optimizer.deploy.triton import triton_config
 
     pb2 = _model_config_pb2()
     inputs = [{"name": "input_ids", "dtype": "int64", "onnx_type": "INT64", "shape": ["batch", "seq"]}]
@@ -345,7 +345,7 @@ def test_triton_config_parses_and_serves_as_measured(level: str, expected: int |
 
 def test_triton_config_refuses_a_type_triton_lacks() -> None:
     from optimizer.core.errors import OptimizerError
-    from optimizer.deploy.bundle import triton_config
+    from optimizer.deploy.triton import triton_config
 
     fp8 = [{"name": "y", "dtype": "float8e4m3fn", "onnx_type": "FLOAT8E4M3FN", "shape": ["batch", 4]}]
     with pytest.raises(OptimizerError, match="'y' has type FLOAT8E4M3FN"):
@@ -360,7 +360,8 @@ def test_tensorrt_bundle_from_a_run_with_an_engine_stage(tmp_path: Any) -> None:
     from conftest import mlp_recipe, write_recipe
 
     from optimizer.core.artifact import Artifact, file_sha256
-    from optimizer.deploy.bundle import export_bundle, unchecked_reason, verify_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import unchecked_reason, verify_bundle
     from optimizer.engine.pipeline import Pipeline
     from optimizer.recipe.loading import load_recipe
     from optimizer.report.build import write_report

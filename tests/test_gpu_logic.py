@@ -168,7 +168,8 @@ def test_more_kernel_launches_than_the_parent_is_a_finding() -> None:
     """The seeds' "37% more kernel launches", said in the report's findings and shown as a column."""
     from test_report_schema import report_of
 
-    from optimizer.report.build import columns, findings, stage_rows
+    from optimizer.report.findings import findings
+    from optimizer.report.tables import columns, stage_rows
 
     def stage(index: int, name: str, parent: str | None, launches: float) -> dict:
         k = {"kernels": 300.0, "launches": launches, "graph_launches": 0.0, "memcpy": 0.0, "calls": 3, "busy_ms": 0.6}

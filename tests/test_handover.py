@@ -20,7 +20,10 @@ from conftest import TESTS, mlp_recipe
 
 from optimizer.core.artifact import file_sha256
 from optimizer.core.errors import OptimizerError
-from optimizer.deploy.bundle import bench_bundle, export_bundle, triton_config, verify_bundle
+from optimizer.deploy.bench import bench_bundle
+from optimizer.deploy.export import export_bundle
+from optimizer.deploy.triton import triton_config
+from optimizer.deploy.verify import verify_bundle
 from optimizer.report.history import load_report
 
 ROOT = TESTS.parent

@@ -22,9 +22,10 @@ from optimizer.engine.pipeline import Pipeline
 from optimizer.measure.services import MeasureServices
 from optimizer.recipe.loading import load_recipe
 from optimizer.runtime.inputs import build_feeds
-from passes.quantize import QuantizeConfig, QuantizePass
 from passes.quantize import precision_graph as pg
+from passes.quantize.config import QuantizeConfig
 from passes.quantize.hybrid_gpu import choose
+from passes.quantize.quantize_pass import QuantizePass
 
 D = 32
 NORMAL = ["normal_1", "normal_2", "normal_3"]

@@ -147,7 +147,7 @@ def test_a_fusion_left_out_is_a_finding_of_the_run() -> None:
     from test_report_schema import report_of
     from test_user_findings_measure import _st
 
-    from optimizer.report.build import findings
+    from optimizer.report.findings import findings
 
     fuse = _st(1, "fuse", "source", None, 9000)
     line = "skip_layernorm: left out; the graph without its 12 fusions ran 1.13x (1.08-1.18) faster"
@@ -165,7 +165,7 @@ def test_triton_config_says_which_fusions_it_cannot_disable() -> None:
     from google.protobuf import text_format
     from test_gpu_injected import _model_config_pb2, _report
 
-    from optimizer.deploy.bundle import triton_config
+    from optimizer.deploy.triton import triton_config
 
     io = [{"name": "x", "dtype": "float32", "onnx_type": "FLOAT", "shape": ["batch", 4]}]
     runtime = {"graph_optimization_level": "all", "disabled_optimizers": ["SkipLayerNormFusion"]}
@@ -288,7 +288,8 @@ def test_timed_choices_are_cached_per_thread_count(tmp_path: Path) -> None:
 
     from optimizer.recipe.loading import load_recipe
     from passes.fuse import FuseConfig, FusePass
-    from passes.quantize import QuantizeConfig, QuantizePass
+    from passes.quantize.config import QuantizeConfig
+    from passes.quantize.quantize_pass import QuantizePass
 
     def recipe(threads: int) -> Any:
         return load_recipe(write_recipe(tmp_path, mlp_recipe(target={"threads": threads})))

@@ -19,11 +19,12 @@ from optimizer.core.metrics import NodeTimes
 from optimizer.engine.pipeline import Pipeline
 from optimizer.measure.profiles import digest
 from optimizer.recipe.loading import load_recipe
-from optimizer.report.build import build_report, to_markdown
+from optimizer.report.build import build_report
 from optimizer.report.diff import diff_reports
 from optimizer.report.diff import to_markdown as diff_markdown
 from optimizer.report.explain import between_runs, explain_all, explain_scenarios, node_diff
 from optimizer.report.html import to_html
+from optimizer.report.markdown import to_markdown
 from optimizer.report.schema import RunReport, parse_report
 from optimizer.report.tables import stage_rows, tpot_vs_export
 from optimizer.runtime.runners.ort_runner import profile_runs, split_runs

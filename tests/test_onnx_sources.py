@@ -189,7 +189,8 @@ def test_compare_models_with_external_data(tmp_path: Path, capsys: pytest.Captur
 @pytest.mark.slow
 @pytest.mark.parametrize("location", [None, "weights/m.bin"], ids=["beside", "subfolder"])
 def test_bundles_of_an_external_data_source_carry_the_weights(tmp_path: Path, location: str | None) -> None:
-    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import verify_bundle
     from optimizer.report.build import write_report
 
     model = external_model(tmp_path / "model", location=location)

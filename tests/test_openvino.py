@@ -118,7 +118,9 @@ def test_compile_options_come_from_the_artifact_and_the_target() -> None:
 @needs_openvino
 def test_openvino_bundle_exports_verifies_and_benches(tmp_path: Path) -> None:
     from optimizer.core.errors import OptimizerError
-    from optimizer.deploy.bundle import bench_bundle, export_bundle, verify_bundle
+    from optimizer.deploy.bench import bench_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import verify_bundle
 
     report = ov_report(tmp_path, 2)
     out = export_bundle(report, "ov_f32", "openvino", tmp_path / "bundle")
@@ -148,7 +150,8 @@ def test_triton_repository_for_the_openvino_backend(tmp_path: Path) -> None:
     from google.protobuf import text_format
     from test_gpu_injected import _model_config_pb2
 
-    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import verify_bundle
 
     report = ov_report(tmp_path, 3)
     root = export_bundle(report, "ov_bf16", "triton", tmp_path / "repo")
@@ -221,8 +224,9 @@ def test_accuracy_control_without_a_floor_is_refused_by_validate(tmp_path: Path)
 @needs_openvino
 def test_tampered_openvino_manifests_are_one_line_each(tmp_path: Path) -> None:
     from optimizer.core.errors import OptimizerError
-    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.export import export_bundle
     from optimizer.deploy.openvino_bundle import runtime_of
+    from optimizer.deploy.verify import verify_bundle
 
     report = ov_report(tmp_path, 2)
     out = export_bundle(report, "ov_f32", "auto", tmp_path / "bundle")
@@ -277,7 +281,8 @@ def test_static_shapes_compile_per_input_shape_and_change_only_that(tmp_path: Pa
     MAX_STATIC_SHAPES the dynamic model runs, and the bundle carries the option."""
     import numpy as np
 
-    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import verify_bundle
     from optimizer.report.build import build_report
     from optimizer.runtime.runners.ov_runner import MAX_STATIC_SHAPES, OvRunner
 

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optimizer.core.errors import RecipeError
-from optimizer.deploy import bundle
+from optimizer.deploy import manifest as bundle_manifest
+from optimizer.deploy.verify import verify_bundle
 from optimizer.engine.rundir import RunDir
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import SAFE_NAME
@@ -120,16 +121,16 @@ def test_verify_never_reads_outside_and_never_blows_up(manifest: Any, tmp_path: 
         p.unlink()
     (tmp_path / "outside.txt").write_text("not yours")
     (root / "model.onnx").write_bytes(b"not a model")
-    (root / bundle.MANIFEST).write_text(json.dumps(manifest))
+    (root / bundle_manifest.MANIFEST).write_text(json.dumps(manifest))
     read: list[Path] = []
-    real = bundle.file_sha256
+    real = bundle_manifest.file_sha256
 
     def recording(path: Path, *a: Any) -> str:
         read.append(Path(path).resolve())
         return real(path, *a)
 
-    monkeypatch.setattr(bundle, "file_sha256", recording)
-    problems = bundle.verify_bundle(root)  # a list of problems, never an exception
+    monkeypatch.setattr(bundle_manifest, "file_sha256", recording)  # what verify hashes with
+    problems = verify_bundle(root)  # a list of problems, never an exception
     assert isinstance(problems, list) and problems, "a made-up manifest must not verify"
     assert all(p.is_relative_to(root.resolve()) for p in read), read
 

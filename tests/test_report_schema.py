@@ -20,8 +20,10 @@ import pytest
 from optimizer.core.errors import OptimizerError
 from optimizer.core.metrics import Latency
 from optimizer.measure.best import best_stage
-from optimizer.report.build import findings, save_report, to_markdown
+from optimizer.report.build import save_report
+from optimizer.report.findings import findings
 from optimizer.report.html import to_html
+from optimizer.report.markdown import to_markdown
 from optimizer.report.schema import SCHEMA_FILE, RunReport, json_schema, json_schema_text, parse_report, read_report
 from optimizer.report.tables import tail_cell
 

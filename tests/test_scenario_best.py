@@ -9,9 +9,10 @@ import pytest
 from test_report_schema import report_of
 
 from optimizer.core.errors import OptimizerError
-from optimizer.deploy.bundle import pick_stage
-from optimizer.report.build import best_with_scenarios, to_markdown
+from optimizer.deploy.export import pick_stage
+from optimizer.report.build import best_with_scenarios
 from optimizer.report.html import to_html
+from optimizer.report.markdown import to_markdown
 from optimizer.report.schema import RunReport
 from optimizer.report.select import recommend
 

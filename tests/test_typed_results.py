@@ -121,7 +121,7 @@ def _stage(type_: str, notes: dict[str, Any]) -> StageReport:
 
 
 def test_deploy_reads_a_stage_s_precision_through_its_notes_model() -> None:
-    from optimizer.deploy.bundle import _precision
+    from optimizer.deploy.export import _precision
 
     ov = {"openvino": "2025", "precision": {"asked": "default", "hint": "bf16", "layers": {"bf16": 30, "f32": 2}}}
     assert _precision(_stage("openvino", ov)) == {"mode": "bf16", "hint": "bf16", "layers": {"bf16": 30, "f32": 2}}
@@ -139,7 +139,7 @@ def test_deploy_reads_a_stage_s_precision_through_its_notes_model() -> None:
 
 
 def test_quantize_notes_keep_the_pass_s_whole_account() -> None:
-    from passes.quantize import QuantizeNotes
+    from passes.quantize.config import QuantizeNotes
 
     written = {"mode": "int8_static", "calibration": {"samples": 16, "method": "minmax"},
                "reduce_range": {"on": False, "why": "VNNI"}, "quantization_ops": {"QuantizeLinear": 12}}

@@ -191,7 +191,7 @@ def test_a_parent_that_ran_far_slower_beside_the_stage_makes_a_finding() -> None
     """The tester's `01 export ... 1054.62x`: the PyTorch parent ran 7.89 ms beside the stage, 0.039 ms alone."""
     from test_report_schema import report_of
 
-    from optimizer.report.build import findings
+    from optimizer.report.findings import findings
 
     source, export = _st(0, "source", None, None, 9000, kind="torch"), _st(1, "export", "source", None, 9000)
     source["metrics"]["scenarios"]["b1"]["latency"] = _lat(0.039)

@@ -266,7 +266,8 @@ def test_nulls_keep_the_cache(few_rounds_run: Path) -> None:
 
 @pytest.mark.slow
 def test_manifest_is_strict(few_rounds_run: Path, tmp_path: Path) -> None:
-    from optimizer.deploy.bundle import MANIFEST, export_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.manifest import MANIFEST
     from optimizer.report.schema import read_report
 
     report = read_report(few_rounds_run / "report.json")
@@ -315,3 +316,25 @@ def test_select_refuses_non_finite_weights() -> None:
 
     with pytest.raises(ValueError, match="finite"):
         parse_weights("latency=inf")
+
+
+def test_openvino_manifest_reads_without_serializer_warnings(tmp_path: Path) -> None:
+    """An OpenVINO bundle's runtime is read back as OvRuntime and dumped as one: the discriminator sees the model
+    instance at dump time, and taking it for ONNX Runtime printed pydantic's serializer warning on every verify
+    and bench of an OpenVINO bundle."""
+    import hashlib
+    import warnings
+
+    from optimizer.deploy.manifest import MANIFEST, read_manifest
+
+    (tmp_path / "model.xml").write_text("<net/>")
+    digest = hashlib.sha256(b"<net/>").hexdigest()
+    (tmp_path / MANIFEST).write_text(json.dumps({
+        "format": "openvino", "files": {"model.xml": digest}, "model": "model.xml",
+        "tolerance": {"min_cosine": 0.99, "max_abs_relative": 0.01},
+        "runtime": {"openvino": {}, "device": "CPU", "threads": 2},
+    }))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        manifest = read_manifest(tmp_path)
+    assert manifest["runtime"]["openvino"] == {} and manifest["runtime"]["threads"] == 2

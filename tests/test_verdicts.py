@@ -26,7 +26,7 @@ from optimizer.measure.harness import Timed, measure
 from optimizer.measure.stats import calls_to_resolve, latency_stats, quantile_ci
 from optimizer.recipe.loading import load_recipe
 from optimizer.recipe.schema import AccuracyBudget, BenchmarkSettings
-from optimizer.report.build import findings
+from optimizer.report.findings import findings
 from optimizer.report.schema import RunReport
 from optimizer.report.tables import tail_cell, tail_note
 from optimizer.runtime.runners.base import Session
@@ -221,7 +221,7 @@ def disagreeing_report() -> RunReport:
 
 def test_best_follows_the_chained_ratios_not_raw_p50s_everywhere(tmp_path: Path) -> None:
     from optimizer.core.stage import StageRecord
-    from optimizer.deploy.bundle import pick_stage
+    from optimizer.deploy.export import pick_stage
     from optimizer.engine.sweep import pick_sweep_stage as sweep_pick
     from optimizer.report.select import recommend
 
@@ -438,7 +438,8 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
 @pytest.mark.slow
 def test_a_reference_with_nan_is_a_finding_and_its_bundle_does_not_verify(tmp_path: Path) -> None:
     """Sqrt of inputs in [-1, 1]: stage 0 itself gives NaN, so NaN-agrees-with-NaN must not pass silently."""
-    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import verify_bundle
     from optimizer.report.build import write_report
 
     graph = helper.make_graph(
@@ -464,7 +465,8 @@ def test_verify_reads_only_inside_the_bundle_and_reports_strays(tmp_path: Path) 
     import json
 
     from optimizer.core.errors import OptimizerError
-    from optimizer.deploy.bundle import export_bundle, verify_bundle
+    from optimizer.deploy.export import export_bundle
+    from optimizer.deploy.verify import verify_bundle
     from optimizer.report.build import write_report
 
     recipe = load_recipe(write_recipe(tmp_path, mlp_recipe()))
@@ -683,7 +685,7 @@ def test_pass_timings_run_two_sessions_of_each_artifact(tmp_path: Path) -> None:
 
 
 def test_the_legend_names_the_largest_spread_between_sessions() -> None:
-    from optimizer.report.build import instance_line
+    from optimizer.report.markdown import instance_line
 
     stages = [_stage(0, "source", None, None, 1.0), _stage(1, "a", "source", 1.5, 1.0), _stage(2, "b", "a", 1.5, 1.0)]
     for st, sd in ((stages[1], 0.025), (stages[2], 0.0)):

@@ -23,8 +23,8 @@ from optimizer.recipe.loading import load_recipe
 from optimizer.runtime import onnx_io
 from optimizer.runtime.runners.gen_runner import ort_generator
 from optimizer.runtime.sessions import session_options
-from passes.quantize import QuantizeConfig
 from passes.quantize import weight_only as wo
+from passes.quantize.config import QuantizeConfig
 
 SPIN = "session.intra_op.allow_spinning"
 NBITS = "com.microsoft.MatMulNBits"

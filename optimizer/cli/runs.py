@@ -128,7 +128,7 @@ def export_(
         import onnxruntime  # noqa: F401
         import polygraphy.comparator  # noqa: F401
 
-        from optimizer.deploy.bundle import export_bundle
+        from optimizer.deploy.export import export_bundle
         from optimizer.report.history import load_report
 
         root = export_bundle(load_report(run, opts.history), stage, fmt, out_dir, scenario, interrupts)
@@ -149,7 +149,7 @@ def export_(
 @app.command()
 def verify(ctx: typer.Context, bundle: Path = typer.Argument(..., help="bundle folder")) -> None:
     """Check a bundle: every checksum, then its outputs on the reference inputs within the recorded tolerance."""
-    from optimizer.deploy.bundle import unchecked_reason, verify_bundle
+    from optimizer.deploy.verify import unchecked_reason, verify_bundle
 
     opts = options(ctx)
     problems = verify_bundle(bundle)
@@ -170,7 +170,7 @@ def bench(
     iterations: int = typer.Option(10, "--iterations", min=1),
 ) -> None:
     """Time a bundle on its reference inputs with the benchmark harness."""
-    from optimizer.deploy.bundle import bench_bundle
+    from optimizer.deploy.bench import bench_bundle
 
     for scen, m in bench_bundle(bundle, rounds, iterations).items():
         lat, rec = m["latency"], m["recorded_p50_ms"]

@@ -59,7 +59,7 @@ def silence_libraries() -> None:
 def silence_polygraphy() -> None:
     """Polygraphy's logger down to its warnings and errors (no `[I] Saving ...` or `[I] Loading ...` lines), and
     without colours (they need the `colored` package, and without it Polygraphy prints a line saying so). Called
-    where we use Polygraphy (deploy.bundle, runtime.crosscheck, the TensorRT runner): its logger is global."""
+    where we use Polygraphy (deploy.export, runtime.crosscheck, the TensorRT runner): its logger is global."""
     try:
         from polygraphy.logger import G_LOGGER
     except ImportError:

@@ -13,7 +13,7 @@ PASSES: dict[str, str] = {
     "ort_session": "passes.ort_session:OrtSessionPass",
     "fuse": "passes.fuse:FusePass",
     "ort_transformers": "passes.ort_transformers:OrtTransformersPass",
-    "quantize": "passes.quantize:QuantizePass",
+    "quantize": "passes.quantize.quantize_pass:QuantizePass",
     "static_kv_cache": "passes.static_kv_cache:StaticKVCachePass",
     "cuda_graph": "passes.cuda_graph:CudaGraphPass",
     "tensorrt": "passes.tensorrt:TensorRTPass",

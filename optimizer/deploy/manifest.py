@@ -115,7 +115,9 @@ class OvRuntime(BaseModel):
 
 
 def _runtime_kind(value: Any) -> str:
-    return "<openvino>" if isinstance(value, dict) and "openvino" in value else "<onnxruntime>"
+    """The tag of a runtime as read (a dict) or as dumped (the model instance)."""
+    openvino = isinstance(value, OvRuntime) or (isinstance(value, dict) and "openvino" in value)
+    return "<openvino>" if openvino else "<onnxruntime>"
 
 
 Runtime = Annotated[

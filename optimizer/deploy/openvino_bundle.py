@@ -17,11 +17,11 @@ from optimizer.deploy.manifest import OvRuntime, validation_line
 from optimizer.deploy.shared import (
     REFERENCE,
     output_problems,
-    pbtxt_string,
     reference_feeds,
     reference_key,
     run_recipe,
 )
+from optimizer.deploy.triton import triton_openvino_config
 from optimizer.report.schema import RunReport
 
 MODEL = "model.xml"
@@ -71,56 +71,6 @@ def export_openvino_bundle(
         # the same IR and options on the same kind of CPU: rounding differences only
         "tolerance": {"min_cosine": 0.9999, "max_abs_relative": 1e-2},
     }
-
-
-# OpenVINO element type names -> Triton's data types
-TRITON_OV_TYPES = {"boolean": "TYPE_BOOL", "u8": "TYPE_UINT8", "i8": "TYPE_INT8", "i32": "TYPE_INT32",
-                   "i64": "TYPE_INT64", "f16": "TYPE_FP16", "f32": "TYPE_FP32", "f64": "TYPE_FP64", "bf16": "TYPE_BF16"}
-
-
-def triton_openvino_config(
-    name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], runtime: dict[str, Any], threads: int
-) -> str:
-    """config.pbtxt for Triton's OpenVINO backend: no Triton batching (its README reports crashes in batching mode;
-    every dim as the IR has it, -1 where dynamic) and the compile options the stage was measured with, as far as
-    the backend takes them (PERFORMANCE_HINT, INFERENCE_NUM_THREADS, NUM_STREAMS, HINT_BF16)."""
-
-    def tensor(t: dict[str, Any]) -> str:
-        if t["dtype"] not in TRITON_OV_TYPES:
-            raise OptimizerError(f"--format triton: tensor {t['name']!r} has type {t['dtype']}, which Triton has no "
-                                 "type for")
-        dims = ", ".join(str(d) if isinstance(d, int) else "-1" for d in t["shape"])
-        kind = TRITON_OV_TYPES[t["dtype"]]
-        return f"  {{\n    name: {pbtxt_string(t['name'])}\n    data_type: {kind}\n    dims: [ {dims} ]\n  }}"
-
-    def param(key: str, value: object) -> str:
-        return f"parameters {{ key: {pbtxt_string(key)} value: {{ string_value: {pbtxt_string(str(value))} }} }}"
-
-    lines = [
-        f"name: {pbtxt_string(name)}",
-        'backend: "openvino"',
-        "max_batch_size: 0",
-        "input [\n" + ",\n".join(tensor(t) for t in inputs) + "\n]",
-        "output [\n" + ",\n".join(tensor(t) for t in outputs) + "\n]",
-        "instance_group [ { count: 1, kind: KIND_CPU } ]",
-        param("PERFORMANCE_HINT", str(runtime.get("ov_hint", "latency")).upper()),
-        param("INFERENCE_NUM_THREADS", threads),
-    ]
-    if runtime.get("ov_streams"):
-        lines.append(param("NUM_STREAMS", int(runtime["ov_streams"])))
-    if runtime.get("ov_denormals") is not None:
-        lines.append(f"# measured with CPU_DENORMALS_OPTIMIZATION {bool(runtime['ov_denormals'])}; this backend "
-                     "documents no parameter for it")
-    if runtime.get("ov_static_shapes"):
-        lines.append("# measured with a static-shape compile per input shape; this backend compiles the model once, "
-                     "with the dims above")
-    precision = runtime.get("ov_precision", "default")
-    if precision == "bf16":
-        lines.append(param("HINT_BF16", "YES"))
-    elif precision == "f32":
-        lines.append("# measured with precision f32; this backend has no f32 setting (only HINT_BF16), so a CPU with "
-                     "bf16 may run it in bf16 here")
-    return "\n".join(lines) + "\n"
 
 
 def runtime_of(manifest: dict[str, Any]) -> tuple[dict[str, Any], int]:

@@ -1,5 +1,6 @@
-"""What every kind of bundle uses (bundle.py for one graph or an engine, generation.py for a prefill/decode pair):
-the bundle's file names, the I/O of an ONNX graph, a CPU session on a bundled graph, and the run's recipe."""
+"""What every kind of bundle uses (export.py, verify.py and bench.py for one graph or an engine, generation.py
+for a prefill/decode pair): the bundle's file names, the I/O of an ONNX graph, a CPU session on a bundled graph,
+and the run's recipe."""
 
 from __future__ import annotations
 
@@ -96,14 +97,6 @@ def output_problems(ref: Any, scen: str, names: list[str], got: list[Any], tol: 
             problems.append(f"output {n!r} on {scen}: cosine {acc.cosine:.6f}, max abs {acc.max_abs:.3g} "
                             f"outside the tolerance {tol}")
     return problems
-
-
-def pbtxt_string(text: str) -> str:
-    """A string literal of protobuf's text format (Triton's config.pbtxt): quotes, backslashes and control bytes
-    escaped by protobuf's own escaper, so a tensor named `a"b` stays one string."""
-    from google.protobuf import text_encoding
-
-    return '"' + text_encoding.CEscape(text, as_utf8=True) + '"'
 
 
 def run_recipe(report: RunReport) -> Recipe:

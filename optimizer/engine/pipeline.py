@@ -1,36 +1,33 @@
-"""The pipeline: build stage 0, run each pass into its own folder, measure every stage with one harness.
-
-Caching: a stage's key hashes its parent's key, the pass type, version and config, and the inputs; a
-finished stage folder with the same key is reused as is. Its measurements are reused too when the
-benchmark settings and the parent it was timed against are unchanged, so editing the last pass of a
-recipe re-runs and re-measures only that pass.
-"""
+"""The stage loop: build stage 0, run each pass of the recipe into its own stage folder, measure every stage with
+one harness, and record each stage's outcome (ran, cached, skipped, unchanged, failed, not run, interrupted). A
+stage's key hashes its parent's key, the pass type, version and config, and the inputs; a finished stage folder with
+the same key is reused as is, and so are its measurements when the benchmark settings and the parent it was timed
+against are unchanged, so editing the last pass of a recipe re-runs and re-measures only that pass. Whether what a
+cache holds may be reused is engine.stage_cache's call, whether an error is a bug of ours engine.triage's."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import traceback
-import zipfile
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-from pydantic import ValidationError
-
 from optimizer.core.artifact import Artifact, file_sha256
 from optimizer.core.errors import InputError, OptimizerError, PassError
-from optimizer.core.metrics import StageMetrics, TimedWindow
+from optimizer.core.metrics import StageMetrics
 from optimizer.core.pass_base import PassContext
 from optimizer.core.registry import pass_class
-from optimizer.core.stage import StageRecord, split_legacy_notes
+from optimizer.core.stage import StageRecord
 from optimizer.engine import rundir as rd
+from optimizer.engine import stage_cache
+from optimizer.engine.reference_files import feeds_hash, load_reference, save_reference
+from optimizer.engine.triage import debug_from_env, is_our_bug
 from optimizer.measure.bench_slot import bench_slot, collect_windows
 from optimizer.measure.forward import MEASURE_VERSION, Reference, measure_stage
 from optimizer.measure.services import MeasureServices
 from optimizer.recipe.schema import SOURCE_STAGE, Recipe, recipe_dict
-from optimizer.runtime.inputs import FeedSet, build_feeds
+from optimizer.runtime.inputs import build_feeds
 from optimizer.runtime.runners import runner_reason
 
 
@@ -45,103 +42,6 @@ class NullEvents:
     def stage_progress(self, rec: StageRecord, what: str, done: int, total: int) -> None: ...
     def stage_end(self, rec: StageRecord) -> None: ...
 
-
-def _feeds_hash(feeds: FeedSet) -> str:
-    arrays = [
-        (s, i, n, a.dtype.str, a.shape, a.tobytes().hex()[:4096], int(a.sum()) if a.size else 0)
-        for s, sf in feeds.by_scenario.items()
-        for i, f in enumerate(sf.samples)
-        for n, a in f.items()
-    ]
-    return rd.content_hash(arrays)
-
-
-def _metrics_digest(key: str, saved: dict[str, Any]) -> str:
-    """A checksum of a metrics.json's numbers: an edited file is measured again, not trusted."""
-    return rd.content_hash(key, saved.get("metrics"), saved.get("bench_seconds"))
-
-
-def _valid_metrics(metrics: Any) -> bool:
-    try:
-        StageMetrics.model_validate(metrics)
-    except ValidationError:
-        return False
-    return True
-
-
-def _save_reference(path: Path, ref: Reference) -> None:
-    arrays = {
-        f"{s}|{i}|{j}": o for s, samples in ref.items() for i, outs in enumerate(samples) for j, o in enumerate(outs)
-    }
-    tmp = path.with_name(".reference.tmp.npz")
-    with rd.open_new(tmp) as f:  # never through a link planted at the temp name
-        np.savez(f, **arrays)
-    tmp.replace(path)
-
-
-def _load_reference(path: Path) -> Reference | None:
-    """Stage 0's outputs, or None when the file is missing or cannot be read whole (truncated, not an npz):
-    then stage 0 is measured again and writes it anew."""
-    if not path.is_file():
-        return None
-    ref: Reference = {}
-    try:
-        with np.load(path) as data:
-            keys = sorted(data.files, key=lambda k: (k.split("|")[0], int(k.split("|")[1]), int(k.split("|")[2])))
-            for key in keys:
-                s, i, _ = key.split("|")
-                samples = ref.setdefault(s, [])
-                if int(i) == len(samples):
-                    samples.append([])
-                samples[int(i)].append(data[key])
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
-        return None
-    return ref or None
-
-
-_ROOT = Path(__file__).resolve().parents[2]
-_OUR_PACKAGES = (str(_ROOT / "optimizer") + os.sep, str(_ROOT / "passes") + os.sep)
-# Libraries that refuse models: an exception raised inside one is about the model (or the library), not a bug of
-# ours. Anything else (the standard library, pydantic, numpy) raises because of how our code called it.
-MODEL_LIBRARIES = frozenset(
-    {"onnxruntime", "torch", "onnx", "onnxscript", "onnx_ir", "transformers", "tokenizers", "safetensors",
-     "tensorrt", "polygraphy", "onnx_graphsurgeon", "openvino", "nncf"}
-)
-
-
-def _owner(filename: str) -> str | None:
-    """"ours", "library" (a model library) or None (anything else) for a frame's file."""
-    path = str(Path(filename).resolve())
-    if path.startswith(_OUR_PACKAGES):
-        return "ours"
-    parts = Path(filename).parts
-    for i, part in enumerate(parts[:-1]):
-        if part in ("site-packages", "dist-packages") and parts[i + 1].removesuffix(".py") in MODEL_LIBRARIES:
-            return "library"
-    return None
-
-
-def is_our_bug(error: BaseException) -> bool:
-    """Whether an exception is a bug of ours: not one of our errors (OptimizerError and its kinds say what is
-    wrong on purpose, but one raised `from` a bug of ours is followed to it), not the machine's (OSError,
-    MemoryError), and of the frames that are ours or a model library's, the innermost is ours (a KeyError in
-    optimizer/, a TypeError pydantic raises on our call)."""
-    if isinstance(error, OptimizerError):
-        return error.__cause__ is not None and is_our_bug(error.__cause__)
-    if isinstance(error, (OSError, MemoryError)):
-        return False  # the machine (a full disk, a permission, memory), wherever it surfaced
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    owners = [o for o in map(_owner, reversed(frames)) if o is not None]
-    return bool(owners) and owners[0] == "ours"
-
-
-def debug_from_env() -> bool:
-    """OPTIMIZER_DEBUG=1: the test suite sets it (`optimizer --debug` passes debug=True instead)."""
-    return os.environ.get("OPTIMIZER_DEBUG", "") not in ("", "0")
 
 UNCHANGED_REASON = (
     "the pass left its input as it was (nothing it applies matched; its notes say why): not timed, its input's "
@@ -186,7 +86,7 @@ class Pipeline:
         except BaseException:
             self.run.release()
             raise
-        self.feeds_key = _feeds_hash(self.feeds)
+        self.feeds_key = feeds_hash(self.feeds)
         self._calibrate("before_ms")
         stop_reason: str | None = None
         current: StageRecord | None = None
@@ -318,7 +218,7 @@ class Pipeline:
             self.feeds.input_names,
             self.recipe.outputs,
             self.feeds_key,
-            self._input_files_digest(),
+            stage_cache.input_files_digest(self.recipe),
         )
         folder = self.run.stage_dir(0, rec.name)
         info = rd.read_json(folder / rd.STAGE_FILE) if self.use_cache else None
@@ -338,31 +238,6 @@ class Pipeline:
             rec.status = "ran"
         rec.folder, rec.measured_against = folder.name, rec.name
         check_budget_output(self.recipe, rec.artifact)  # fresh or cached: a bad accuracy.output fails stage 0
-
-    def _input_files_digest(self) -> list[str]:
-        """sha256 of the files the recipe reads by path (an ONNX source and every external data file its graph
-        references, the data file): a file replaced in place under the same name must not be served from the cache."""
-        from optimizer.core.artifact import file_sha256
-        from optimizer.recipe.schema import OnnxSource
-
-        named: list[tuple[str, Path]] = []
-        if isinstance(self.recipe.model, OnnxSource):
-            from optimizer.runtime import onnx_io
-
-            model = self.recipe.resolve(self.recipe.model.path)
-            named.append((model.name, model))
-            if model.is_file():  # the files its graph references, by location (bounds checked before reading);
-                # labelled apart from the old `*.data` glob's entries, so no stage 0 cached without them is reused
-                named += [(f"external data {f}", model.parent / f) for f in onnx_io.external_data_files(model)]
-        if self.recipe.data_file:
-            data = self.recipe.resolve(self.recipe.data_file)
-            named.append((data.name, data))
-        return [f"{name}:{file_sha256(p)}" for name, p in named if p.is_file()]
-
-    @staticmethod
-    def _intact(artifact: Artifact, info: dict[str, Any]) -> bool:
-        """A cached stage's files are all there with the sizes and sha256 they were written with."""
-        return not rd.changed_files(artifact.files(), info)
 
     def _pass(self, rec: StageRecord) -> None:
         """Run (or reuse) one pass. A pass that reports its output unmodified (PassResult.modified false: fuse with
@@ -390,12 +265,10 @@ class Pipeline:
             *([extras] if extras else []),
         )
         cached = self.run.find_cached(rec.key) if self.use_cache else None
-        if cached is not None:
-            info = rd.read_json(cached / rd.STAGE_FILE) or {}
-            if not self._intact(self._relocate(Artifact.from_json(info["artifact"]), cached), info):
-                rec.cache_note = f"cached folder {cached.name} was incomplete or changed: rebuilt"
-                shutil.rmtree(cached, ignore_errors=True)
-                cached = None
+        if cached is not None and not stage_cache.intact(cached):
+            rec.cache_note = f"cached folder {cached.name} was incomplete or changed: rebuilt"
+            shutil.rmtree(cached, ignore_errors=True)
+            cached = None
         if cached is not None and cached.name in {r.folder for r in self.records[: rec.index]}:
             # An earlier stage of this run has the same key (same pass, config and parent): it keeps its folder,
             # this stage gets a copy of it.
@@ -404,14 +277,7 @@ class Pipeline:
             cached = copy
         if cached is not None:
             folder = self.run.place(cached, rec.index, rec.name)
-            info = rd.read_json(folder / rd.STAGE_FILE) or {}
-            rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
-            # stage.json of a stage built before the pipeline's keys left the notes: they move to their fields
-            rec.notes, legacy = split_legacy_notes(info.get("notes", {}))
-            windows = info.get("pass_timed_windows") or legacy.get("pass_timed_windows")
-            rec.pass_timed_windows = [TimedWindow.model_validate(w) for w in windows] if windows else None
-            rec.cache_note = rec.cache_note or info.get("cache_note") or legacy.get("cache_note")
-            rec.pass_seconds, rec.status = info.get("pass_seconds"), "cached"
+            info = stage_cache.restore(rec, folder)
         else:
             self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
             building = self.run.building_dir(rec.index, rec.name)
@@ -431,38 +297,23 @@ class Pipeline:
                 "status": "ran",
                 "type": spec.type,
                 "config": config,
-                "artifact": self._portable(result.artifact, building),
+                "artifact": stage_cache.portable(result.artifact, building),
                 "notes": rec.notes,
                 **({"pass_timed_windows": [w.to_json() for w in windows]} if windows else {}),
                 **({"cache_note": rec.cache_note} if rec.cache_note else {}),  # a rebuild, as the stage was built
                 "pass_seconds": rec.pass_seconds,
-                "file_sizes": {f.name: f.stat().st_size for f in result.artifact.files() if f.is_file()},
-                "file_sha256": {f.name: file_sha256(f) for f in result.artifact.files() if f.is_file()},
+                **stage_cache.file_records(result.artifact),  # what stage_cache.intact checks on reuse
                 # nothing done: the pass says so, and the session options are its input's
                 "unchanged": not result.modified and result.artifact.runtime == parent.artifact.runtime,
             }
             rd.write_json(building / rd.STAGE_FILE, info)
             folder = self.run.place(building, rec.index, rec.name)
-            rec.artifact = self._relocate(Artifact.from_json(info["artifact"]), folder)
+            rec.artifact = stage_cache.relocate(Artifact.from_json(info["artifact"]), folder)
             rec.status = "ran"
         rec.folder, rec.measured_against = folder.name, rec.name
         if info.get("unchanged"):  # the pass changed nothing: its input's model and numbers stand, untimed
             rec.status, rec.reason = "unchanged", UNCHANGED_REASON
             rec.artifact, rec.measured_against = parent.artifact, parent.measured_against
-
-    @staticmethod
-    def _portable(artifact: Artifact, folder: Path) -> dict[str, Any]:
-        """Artifact JSON with a path relative to its stage folder, so a renamed folder still resolves."""
-        d = artifact.to_json()
-        if artifact.path is not None and artifact.path.parent == folder:
-            d["path"] = artifact.path.name
-        return d
-
-    @staticmethod
-    def _relocate(artifact: Artifact, folder: Path) -> Artifact:
-        if artifact.path is not None and not artifact.path.is_absolute():
-            return artifact.derive(path=folder / artifact.path)
-        return artifact
 
     # ------------------------------------------------------------ measurement
     def _measure(self, rec: StageRecord) -> None:
@@ -483,21 +334,18 @@ class Pipeline:
         )
         ref_path = self.run.stage_dir(0, SOURCE_STAGE) / "reference.npz"
         if self.use_cache:
-            cached = rd.read_json(folder / rd.METRICS_FILE)
-            if cached and cached.get("key") == key and cached.get("digest") != _metrics_digest(key, cached):
-                why = "did not match its checksum" if "digest" in cached else "had no checksum (an older version's)"
-                rec.cache_note = f"{rec.folder}/metrics.json {why}: measured again"
-            elif cached and cached.get("key") == key and not _valid_metrics(cached.get("metrics")):
-                rec.cache_note = f"{rec.folder}/metrics.json does not fit the metrics schema: measured again"
-            elif cached and cached.get("key") == key:
-                reference = _load_reference(ref_path) if rec.index == 0 else None
+            cached, stale = stage_cache.reusable_metrics(folder / rd.METRICS_FILE, key)
+            if stale:
+                rec.cache_note = f"{rec.folder}/metrics.json {stale}: measured again"
+            elif cached is not None:
+                reference = load_reference(ref_path) if rec.index == 0 else None
                 if rec.index > 0 or reference is not None:
                     rec.metrics, rec.bench_seconds = cached["metrics"], cached.get("bench_seconds")
                     if rec.index == 0:
                         self.reference = reference
                     return
         if rec.index > 0 and self.reference is None:
-            self.reference = _load_reference(ref_path)
+            self.reference = load_reference(ref_path)
             if self.reference is None:
                 raise OptimizerError(f"{ref_path}: stage 0's reference outputs are missing; run again with --no-cache")
         start = time.perf_counter()
@@ -529,6 +377,5 @@ class Pipeline:
         rec.metrics = metrics
         if new_ref is not None and rec is source:
             self.reference = new_ref
-            _save_reference(ref_path, new_ref)
-        saved = {"key": key, "metrics": metrics, "bench_seconds": rec.bench_seconds}
-        rd.write_json(folder / rd.METRICS_FILE, {**saved, "digest": _metrics_digest(key, saved)})
+            save_reference(ref_path, new_ref)
+        stage_cache.save_metrics(folder / rd.METRICS_FILE, key, metrics, rec.bench_seconds)

@@ -135,9 +135,10 @@ def recipe_cases(out: Outcome, base: dict[str, Any], work: Path) -> None:
 
 
 def bundle_cases(out: Outcome, bundle_dir: Path, work: Path) -> None:
-    from optimizer.deploy import bundle
+    from optimizer.deploy import manifest as bundle_manifest
+    from optimizer.deploy.verify import verify_bundle
 
-    manifest = json.loads((bundle_dir / bundle.MANIFEST).read_text())
+    manifest = json.loads((bundle_dir / bundle_manifest.MANIFEST).read_text())
     (work / "outside.txt").write_text("not the bundle's")
 
     def tampered(change: Callable[[Path, dict[str, Any]], None], expect: str) -> Callable[[], bool | str]:
@@ -146,17 +147,17 @@ def bundle_cases(out: Outcome, bundle_dir: Path, work: Path) -> None:
             shutil.rmtree(root, ignore_errors=True)
             shutil.copytree(bundle_dir, root)
             m = copy.deepcopy(manifest)
-            (root / bundle.MANIFEST).write_text(json.dumps(m))
+            (root / bundle_manifest.MANIFEST).write_text(json.dumps(m))
             change(root, m)  # changes the files, or the manifest (then written again below)
             if m != manifest:
-                (root / bundle.MANIFEST).write_text(json.dumps(m))
+                (root / bundle_manifest.MANIFEST).write_text(json.dumps(m))
             read: list[Path] = []
-            real = bundle.file_sha256
-            bundle.file_sha256 = lambda p, *a: (read.append(Path(p).resolve()), real(p, *a))[1]  # type: ignore
+            real = bundle_manifest.file_sha256
+            bundle_manifest.file_sha256 = lambda p, *a: (read.append(Path(p).resolve()), real(p, *a))[1]  # type: ignore
             try:
-                problems = bundle.verify_bundle(root)
+                problems = verify_bundle(root)
             finally:
-                bundle.file_sha256 = real
+                bundle_manifest.file_sha256 = real
             if any(not p.is_relative_to(root.resolve()) for p in read):
                 return "read a file outside the bundle"
             return True if any(expect in p for p in problems) else f"problems: {problems}"
@@ -175,7 +176,7 @@ def bundle_cases(out: Outcome, bundle_dir: Path, work: Path) -> None:
         "model file changed": (lambda r, m: (r / model).write_bytes((r / model).read_bytes() + b"\0"), "sha256"),
         "model file deleted": (lambda r, m: (r / model).unlink(), "missing"),
         "file added": (lambda r, m: (r / "extra.bin").write_bytes(b"x"), "not in the manifest"),
-        "manifest not JSON": (lambda r, m: (r / bundle.MANIFEST).write_text("{"), "not a bundle manifest"),
+        "manifest not JSON": (lambda r, m: (r / bundle_manifest.MANIFEST).write_text("{"), "not a bundle manifest"),
     }
     for label, (change, expect) in cases.items():
         out.add("4 bundle bounds", label, tampered(change, expect))
@@ -298,7 +299,7 @@ class Round3:
 
 def run_corpus(base: dict[str, Any]) -> Outcome:
     """Every class on the given (small) recipe: it is compiled once for the bundle, cache and outcome cases."""
-    from optimizer.deploy.bundle import export_bundle
+    from optimizer.deploy.export import export_bundle
     from optimizer.engine.pipeline import Pipeline
     from optimizer.recipe.loading import parse_recipe
     from optimizer.report.build import write_report

@@ -36,7 +36,7 @@ NUMBERS = "R3.8 numbers other tools cannot read"
 
 
 def _export(run: Path, out: Path, stage: str = "ort_session", fmt: str = "onnx") -> Path:
-    from optimizer.deploy.bundle import export_bundle
+    from optimizer.deploy.export import export_bundle
     from optimizer.report.history import load_report
 
     return export_bundle(load_report(str(run)), stage, fmt, out)
@@ -148,7 +148,8 @@ def _tampered(r: Round3, change: Callable[[Path, dict[str, Any]], None]) -> Path
 
 
 def bundle_cases(r: Round3) -> None:
-    from optimizer.deploy.bundle import bench_bundle, verify_bundle
+    from optimizer.deploy.bench import bench_bundle
+    from optimizer.deploy.verify import verify_bundle
 
     (r.work / "outside.onnx").write_bytes((r.bundle / "model.onnx").read_bytes())
 
@@ -204,8 +205,8 @@ def partial_case(r: Round3) -> None:
 
 
 def race_cases(r: Round3) -> None:
-    from optimizer.deploy.bundle import verify_bundle
     from optimizer.deploy.staging import out_lock
+    from optimizer.deploy.verify import verify_bundle
 
     def held_lock() -> bool | str:
         out = r.work / "locked"
@@ -244,7 +245,9 @@ def race_cases(r: Round3) -> None:
 
 
 def name_cases(r: Round3) -> None:
-    from optimizer.deploy.bundle import bench_bundle, triton_config, verify_bundle
+    from optimizer.deploy.bench import bench_bundle
+    from optimizer.deploy.triton import triton_config
+    from optimizer.deploy.verify import verify_bundle
     from optimizer.report.history import load_report
 
     def slash_input(fmt: str) -> Callable[[], bool | str]:

@@ -138,7 +138,8 @@ def _external_data_cases(r: Round3) -> None:
     r.out.add(KIND, "compare A B with external data; B's weights replaced", compared)
 
     def bundled() -> bool | str:
-        from optimizer.deploy.bundle import export_bundle, verify_bundle
+        from optimizer.deploy.export import export_bundle
+        from optimizer.deploy.verify import verify_bundle
         from optimizer.engine.pipeline import Pipeline
         from optimizer.recipe.loading import parse_recipe
         from optimizer.report.build import write_report

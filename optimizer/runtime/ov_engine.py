@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,12 @@ def openvino_module() -> Any:
 
 
 def nncf_module() -> Any:
+    """nncf, imported after openvino (telemetry off) and with its INFO log (every step of an accuracy-aware
+    search) kept out of the user's terminal: the stage's progress and notes say what it did; warnings still show."""
     openvino_module()
     import nncf
 
+    nncf.set_log_level(logging.WARNING)
     return nncf
 
 

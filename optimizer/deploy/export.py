@@ -1,9 +1,9 @@
-"""Deployable bundles: `optimizer export` writes one, `optimizer verify` checks one, `optimizer bench` times one.
-
-A bundle holds the model files, reference inputs and the stage's outputs on them (reference.npz), and
-manifest.json: inputs and outputs with dtypes and shapes, precision summary, runtime options, library
-versions, the hardware it was tuned on, the stage's benchmark and accuracy numbers, the tolerance verify
-applies, and the sha256 of every file. `triton` lays the same out as a Triton model repository.
+"""`optimizer export`: one stage of a run written as a deployable bundle (onnx, triton, tensorrt, openvino,
+generation, genai), built in a staging folder beside --out and moved into place only when complete. A bundle holds
+the model files, reference inputs and the stage's outputs on them (reference.npz, and the same in Polygraphy's
+formats), and manifest.json: inputs and outputs with dtypes and shapes, precision summary, runtime options, library
+versions, the hardware it was tuned on, the stage's benchmark and accuracy numbers, the tolerance verify applies,
+and the sha256 of every file (deploy.manifest is its one reader; deploy.verify and deploy.bench use it).
 """
 
 from __future__ import annotations
@@ -21,48 +21,16 @@ from optimizer.core.artifact import Artifact, file_sha256
 from optimizer.core.errors import OptimizerError
 from optimizer.core.jsonio import strict_json_dumps
 from optimizer.core.stage import StageReport
-from optimizer.deploy.generation import bench_generation, export_generation_bundle, verify_generation
-from optimizer.deploy.manifest import file_problems, load_bundle, read_manifest, reference_problems
-from optimizer.deploy.openvino_bundle import bench_openvino, export_openvino_bundle, verify_openvino
-from optimizer.deploy.shared import (
-    MANIFEST,
-    REFERENCE,
-    bundle_session,
-    feed_for,
-    manifest_io,
-    output_problems,
-    pbtxt_string,
-    reference_feeds,
-    reference_key,
-    run_recipe,
-)
+from optimizer.deploy.generation import export_generation_bundle
+from optimizer.deploy.manifest import load_bundle
+from optimizer.deploy.openvino_bundle import export_openvino_bundle
+from optimizer.deploy.shared import MANIFEST, REFERENCE, manifest_io, reference_key, run_recipe
 from optimizer.deploy.staging import Interrupts, out_lock, staged
+from optimizer.deploy.triton import triton_config
 from optimizer.measure.best import choose_stage
 from optimizer.measure.scenario_best import choose_for_scenario
 from optimizer.report.run_folder import stage_artifact
 from optimizer.report.schema import RunReport
-
-# Triton's data types by ONNX TensorProto type name (Triton's model_config.proto DataType); FLOAT8 and other
-# types Triton has no name for are refused with the tensor named, never mapped to FP32.
-TRITON_TYPES = {
-    "BOOL": "TYPE_BOOL",
-    "UINT8": "TYPE_UINT8",
-    "UINT16": "TYPE_UINT16",
-    "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64",
-    "INT8": "TYPE_INT8",
-    "INT16": "TYPE_INT16",
-    "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64",
-    "FLOAT16": "TYPE_FP16",
-    "FLOAT": "TYPE_FP32",
-    "DOUBLE": "TYPE_FP64",
-    "STRING": "TYPE_STRING",
-    "BFLOAT16": "TYPE_BF16",
-}
-# Triton's onnxruntime backend numbers graph levels its own way: -1 basic, 1 basic + extended, 2 all disabled;
-# without the field ORT's default applies (all on). See the backend's README, "Model Config Options".
-TRITON_GRAPH_LEVEL = {"disable_all": 2, "basic": -1, "extended": 1, "all": None}
 
 
 def pick_stage(report: RunReport, name: str, scenario: str | None = None) -> StageReport:
@@ -80,7 +48,7 @@ def pick_stage(report: RunReport, name: str, scenario: str | None = None) -> Sta
 def _precision(stage: StageReport) -> dict[str, Any]:
     """The manifest's `precision`: what the stage's own notes say ran (its pass's Notes model)."""
     from passes.nncf_int8 import NncfInt8Notes
-    from passes.quantize import QuantizeNotes
+    from passes.quantize.config import QuantizeNotes
 
     if stage.type in ("openvino", "nncf_int8"):  # what the compiled model ran, per runtime precision
         ov = NncfInt8Notes.model_validate(stage.notes)  # an openvino stage's notes are the same less FakeQuantize
@@ -303,161 +271,3 @@ def _write_manifest(
     manifest["files"] = {str(p.relative_to(root)): file_sha256(p) for p in files}
     (root / MANIFEST).write_text(strict_json_dumps(manifest, indent=2))  # other tools read it: strict JSON
 
-
-def triton_config(
-    name: str,
-    inputs: list[dict[str, Any]],
-    outputs: list[dict[str, Any]],
-    report: RunReport,
-    runtime: dict[str, Any],
-) -> str:
-    """config.pbtxt for Triton's ONNX Runtime backend; batch dim first when every input and output has one."""
-    batched = all(t["shape"] and t["shape"][0] == "batch" for t in inputs + outputs)
-    sweep = report.batch_sweep
-    swept_max = sweep.max_batch if sweep is not None else None
-    max_batch = (swept_max or max(s.batch for s in report.scenarios)) if batched else 0
-    preferred = (sweep.preferred_batch if sweep is not None else None) or max_batch
-
-    def tensor(t: dict[str, Any]) -> str:
-        dims = t["shape"][1:] if batched else t["shape"]
-        dims_txt = ", ".join(str(d) if isinstance(d, int) else "-1" for d in dims)
-        kind = t.get("onnx_type") or t["dtype"].upper()
-        if kind not in TRITON_TYPES:
-            raise OptimizerError(f"--format triton: tensor {t['name']!r} has type {kind}, which Triton has no type for")
-        name = pbtxt_string(t["name"])
-        return f"  {{\n    name: {name}\n    data_type: {TRITON_TYPES[kind]}\n    dims: [ {dims_txt} ]\n  }}"
-
-    level = TRITON_GRAPH_LEVEL[runtime.get("graph_optimization_level", "disable_all")]
-    gpu = report.settings.device == "cuda"
-
-    def param(key: str, value: object) -> str:
-        return f"parameters {{ key: {pbtxt_string(key)} value: {{ string_value: {pbtxt_string(str(value))} }} }}"
-
-    lines = [
-        f"name: {pbtxt_string(name)}",
-        'platform: "onnxruntime_onnx"',
-        f"max_batch_size: {max_batch}",
-        "input [\n" + ",\n".join(tensor(t) for t in inputs) + "\n]",
-        "output [\n" + ",\n".join(tensor(t) for t in outputs) + "\n]",
-        f"instance_group [ {{ count: 1, kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]",
-        # Served as it was measured: the benchmarked threads and execution mode, not the backend's defaults.
-        param("intra_op_thread_count", int(runtime.get("intra_op_threads") or report.settings.threads)),
-        param("inter_op_thread_count", int(runtime.get("inter_op_threads", 1))),
-        param("execution_mode", 1 if runtime.get("execution_mode") == "parallel" else 0),
-    ]
-    if level is not None:
-        lines.append(f"optimization {{ graph {{ level: {level} }} }}")
-    if runtime.get("disabled_optimizers"):  # the fuse pass's kernel choice (passes/fuse/kernel_choice.py)
-        names = ", ".join(runtime["disabled_optimizers"])
-        lines.append(
-            f"# measured with onnxruntime's {names} disabled (slower kernels on the machine it was tuned on); this "
-            "backend has no setting for that, so it may fuse them again at load"
-        )
-    if runtime.get("denormal_as_zero"):  # ort_session's denormal_as_zero (optimizer/runtime/denormals.py)
-        lines.append(
-            "# measured with denormal floats flushed to zero (onnxruntime session.set_denormal_as_zero); this backend "
-            "documents no parameter for it, so padded requests may run slower here than the manifest's figures"
-        )
-    if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/sweep.py)
-        lines.append(f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 100 }}")
-    return "\n".join(lines) + "\n"
-
-
-def verify_bundle(root: Path) -> list[str]:
-    """Problems found (empty when the bundle is good): the manifest's shape and bounds, checksums, the reference,
-    then outputs on the reference inputs (deploy.manifest is the one reader of what a bundle holds)."""
-    try:
-        manifest = read_manifest(root)
-    except OptimizerError as e:
-        return [str(e)]
-    problems = file_problems(root, manifest) or reference_problems(root, manifest)
-    if problems:
-        return problems
-    try:
-        return _run_checks(root, manifest)
-    except OptimizerError as e:  # a reference that does not fit the model, a model ONNX Runtime cannot load
-        return [str(e)]
-
-
-def _run_checks(root: Path, manifest: dict[str, Any]) -> list[str]:
-    if manifest.get("workload") == "generation":
-        return verify_generation(root, manifest)
-    if manifest["format"] == "tensorrt":
-        return _verify_engine(root, manifest)
-    if "openvino" in (manifest.get("runtime") or {}):  # --format openvino, or triton's OpenVINO backend
-        return verify_openvino(root, manifest)
-    session = bundle_session(root, manifest)
-    names = [o.name for o in session.get_outputs()]
-    problems = []
-    with np.load(root / REFERENCE) as ref:
-        for scen, feed in reference_feeds(ref).items():
-            got = session.run(names, feed_for(feed, [i.name for i in session.get_inputs()], scen))
-            problems += output_problems(ref, scen, names, got, manifest["tolerance"])
-    return problems
-
-
-def unchecked_reason(root: Path) -> str | None:
-    """Why verify could not run a bundle's model here (a TensorRT engine without TensorRT or a GPU), or None."""
-    try:
-        if read_manifest(root).get("format") != "tensorrt":
-            return None
-    except OptimizerError:
-        return None
-    from optimizer.runtime.gpu import tensorrt_reason
-
-    return tensorrt_reason()
-
-
-def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
-    """The engine's outputs on the reference inputs against stage 0's, within the recorded cosine; skipped (and
-    said by the CLI) where TensorRT or a GPU is missing."""
-    if unchecked_reason(root) is not None:
-        return []
-    from optimizer.measure.accuracy import compare, mask_of
-    from optimizer.runtime.runners.trt_runner import TrtRunner
-
-    names = [o["name"] for o in manifest["outputs"]]
-    problems = []
-    artifact = Artifact("trt_engine", root / manifest["model"], {"cuda_graph": False})
-    with TrtRunner(artifact, None).load() as session, np.load(root / REFERENCE) as ref:
-        for scen, feed in reference_feeds(ref).items():
-            got = session.to_numpy(session.run(session.prepare(feed)))
-            meter = compare([ref[reference_key(scen, "out", n)] for n in names], got, names, mask_of(feed))
-            if meter.worst_cosine() < manifest["tolerance"]["min_cosine"]:
-                problems.append(
-                    f"engine outputs on {scen}: cosine {meter.worst_cosine():.6f} below {manifest['tolerance']}"
-                )
-    return problems
-
-
-def bench_bundle(root: Path, rounds: int, iterations: int) -> dict[str, Any]:
-    """The bundle timed by the same harness as compile (alone: there is no parent), per reference scenario, holding
-    the host's bench slot as compile's timings do (a compile's timing and this one never overlap)."""
-    from optimizer.measure.bench_slot import bench_slot
-    from optimizer.measure.harness import time_calls, warm_up
-    from optimizer.measure.stats import latency_stats
-
-    manifest = load_bundle(root)  # checked: files inside it and as exported, options and threads in bounds
-    if manifest.get("workload") == "generation":
-        with bench_slot(f"bench {root.name}"):  # its loading too: deploy.generation loads and times in one go
-            return bench_generation(root, manifest, rounds, iterations)
-    if "openvino" in (manifest.get("runtime") or {}):
-        with bench_slot(f"bench {root.name}"):
-            return bench_openvino(root, manifest, rounds, iterations)
-    session = bundle_session(root, manifest)
-
-    class Bare:
-        def run(self, prepared: Any) -> Any:
-            return session.run(None, prepared)
-
-    out = {}
-    with np.load(root / REFERENCE) as ref, bench_slot(f"bench {root.name}"):
-        for scen, feed in reference_feeds(ref).items():
-            feed = feed_for(feed, [i.name for i in session.get_inputs()], scen)
-            warm_up(Bare(), feed, 5)  # type: ignore[arg-type]
-            samples = [x for _ in range(rounds) for x in time_calls(Bare(), feed, iterations)]  # type: ignore[arg-type]
-            out[scen] = {
-                "latency": latency_stats(samples).to_json(),
-                "recorded_p50_ms": manifest["benchmark"].get(scen, {}).get("latency", {}).get("p50_ms"),
-            }
-    return out

@@ -1,0 +1,86 @@
+"""`optimizer verify`: a bundle's problems, one line each (none when it is good): the manifest's shape and bounds,
+checksums and the reference (deploy.manifest), then the model's outputs on the reference inputs within the
+manifest's tolerance, run by what the bundle was written for (ONNX Runtime, TensorRT, OpenVINO, the generation
+loop); a TensorRT engine is left unchecked, with the reason, where TensorRT or a GPU is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimizer.core.artifact import Artifact
+from optimizer.core.errors import OptimizerError
+from optimizer.deploy.generation import verify_generation
+from optimizer.deploy.manifest import file_problems, read_manifest, reference_problems
+from optimizer.deploy.openvino_bundle import verify_openvino
+from optimizer.deploy.shared import REFERENCE, bundle_session, feed_for, output_problems, reference_feeds, reference_key
+
+
+def verify_bundle(root: Path) -> list[str]:
+    """Problems found (empty when the bundle is good): the manifest's shape and bounds, checksums, the reference,
+    then outputs on the reference inputs (deploy.manifest is the one reader of what a bundle holds)."""
+    try:
+        manifest = read_manifest(root)
+    except OptimizerError as e:
+        return [str(e)]
+    problems = file_problems(root, manifest) or reference_problems(root, manifest)
+    if problems:
+        return problems
+    try:
+        return _run_checks(root, manifest)
+    except OptimizerError as e:  # a reference that does not fit the model, a model ONNX Runtime cannot load
+        return [str(e)]
+
+
+def _run_checks(root: Path, manifest: dict[str, Any]) -> list[str]:
+    if manifest.get("workload") == "generation":
+        return verify_generation(root, manifest)
+    if manifest["format"] == "tensorrt":
+        return _verify_engine(root, manifest)
+    if "openvino" in (manifest.get("runtime") or {}):  # --format openvino, or triton's OpenVINO backend
+        return verify_openvino(root, manifest)
+    session = bundle_session(root, manifest)
+    names = [o.name for o in session.get_outputs()]
+    problems = []
+    with np.load(root / REFERENCE) as ref:
+        for scen, feed in reference_feeds(ref).items():
+            got = session.run(names, feed_for(feed, [i.name for i in session.get_inputs()], scen))
+            problems += output_problems(ref, scen, names, got, manifest["tolerance"])
+    return problems
+
+
+def unchecked_reason(root: Path) -> str | None:
+    """Why verify could not run a bundle's model here (a TensorRT engine without TensorRT or a GPU), or None."""
+    try:
+        if read_manifest(root).get("format") != "tensorrt":
+            return None
+    except OptimizerError:
+        return None
+    from optimizer.runtime.gpu import tensorrt_reason
+
+    return tensorrt_reason()
+
+
+def _verify_engine(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The engine's outputs on the reference inputs against stage 0's, within the recorded cosine; skipped (and
+    said by the CLI) where TensorRT or a GPU is missing."""
+    if unchecked_reason(root) is not None:
+        return []
+    from optimizer.measure.accuracy import compare, mask_of
+    from optimizer.runtime.runners.trt_runner import TrtRunner
+
+    names = [o["name"] for o in manifest["outputs"]]
+    problems = []
+    artifact = Artifact("trt_engine", root / manifest["model"], {"cuda_graph": False})
+    with TrtRunner(artifact, None).load() as session, np.load(root / REFERENCE) as ref:
+        for scen, feed in reference_feeds(ref).items():
+            got = session.to_numpy(session.run(session.prepare(feed)))
+            meter = compare([ref[reference_key(scen, "out", n)] for n in names], got, names, mask_of(feed))
+            if meter.worst_cosine() < manifest["tolerance"]["min_cosine"]:
+                problems.append(
+                    f"engine outputs on {scen}: cosine {meter.worst_cosine():.6f} below {manifest['tolerance']}"
+                )
+    return problems
