@@ -85,6 +85,16 @@ class GenerationSide:
         return [g.e2e_ms for rnd in self.rounds for g in rnd]
 
 
+def judged_rounds(parent: list[list[Generation]], child: list[list[Generation]]
+                  ) -> tuple[harness.RoundsPair, harness.RoundsPair | None]:
+    """The two figures a generation stage is judged on against its parent, per round: the task time of each
+    generation, and each generation's median time per token (None when a round has no step to time)."""
+    task = ([[g.e2e_ms for g in rnd] for rnd in parent], [[g.e2e_ms for g in rnd] for rnd in child])
+    tp = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in parent]
+    tc = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in child]
+    return task, ((tp, tc) if all(tp) and all(tc) else None)
+
+
 def timed_generation_rounds(
     sides: list[tuple[str, list[Any]]],
     prompts: list[np.ndarray],
@@ -96,12 +106,18 @@ def timed_generation_rounds(
     given (first side first in round 0), `settings.iterations` generations a round, the side named "parent" on
     the parent's schedule. Each switch settles as forward timing does (`settle_ms` asleep, then
     GenerationSide.settle): without it the side timed second paid for the first one's spinning pool threads.
-    Rounds stop as forward stages' do (harness.until_resolved on the child's task times). Returns (generations
-    per side per round, generator used per round, rounds)."""
+    Rounds stop as forward stages' do (harness.until_resolved on the child's task times, and on the task time's
+    and TPOT's ratios to the parent). Returns (generations per side per round, generator used per round, rounds).
+    """
     timed = {name: GenerationSide(gens, prompts, new, settings.iterations) for name, gens in sides}
+    parent, child = timed.get("parent"), timed["child"]
+
+    def ratios() -> list[harness.RoundsPair]:
+        return [] if parent is None else [x for x in judged_rounds(parent.rounds, child.rounds) if x is not None]
+
     r = harness.interleave(list(timed.values()), settings.settle_ms,
-                           harness.until_resolved(settings, timed["child"].e2e_ms), parent=timed.get("parent"),
-                           on_round=on_round)
+                           harness.until_resolved(settings, child.e2e_ms, ratios if parent is not None else None),
+                           parent=parent, on_round=on_round)
     return {n: t.rounds for n, t in timed.items()}, {n: t.instance_rounds for n, t in timed.items()}, r
 
 
@@ -160,8 +176,7 @@ def _scenario_metrics(runs: dict[str, list[list[Generation]]], used: dict[str, l
     )
     if "parent" not in runs:
         return entry
-    p_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["parent"]]
-    c_rounds = [[g.e2e_ms for g in rnd] for rnd in runs["child"]]
+    (p_rounds, c_rounds), per_token = judged_rounds(runs["parent"], runs["child"])
     entry.parent_latency = latency_of([x for rnd in p_rounds for x in rnd])
     parent_runs = [g for rnd in runs["parent"] for g in rnd]  # for the explanation per prefill and step
     entry.parent_ttft = latency_of([g.ttft_ms for g in parent_runs])
@@ -171,10 +186,8 @@ def _scenario_metrics(runs: dict[str, list[list[Generation]]], used: dict[str, l
     if spread is not None:  # widened by the run's pooled spread (measure.instances)
         entry.instance_variance, entry.instance_df = spread.variance, spread.df
         entry.instance_factor = spread.factor
-    # per round, each generation's median time per token: TPOT's own interleaved ratio and interval
-    tp = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in runs["parent"]]
-    tc = [[float(np.median(g.tpot_ms)) for g in rnd if g.tpot_ms] for rnd in runs["child"]]
-    if all(tp) and all(tc):
+    if per_token is not None:  # TPOT's own interleaved ratio and interval
+        tp, tc = per_token
         entry.tpot_vs_parent = speedup(tp, tc, confidence)
         spread = instance_variance(tp, tc, used["parent"], used["child"])
         if spread is not None:

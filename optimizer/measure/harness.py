@@ -11,9 +11,10 @@ harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
 
 `interleave` is the one loop that does all this, for every workload: a side is an adapter that settles an
 instance and times a round (`CallsSide`: calls of a session, host and GPU time; measure.generation's
-`GenerationSide`: whole generations), and the stop rule is fixed rounds or `until_resolved` (the median within
-target_ci, the P99 bounded). `measure` (forward stages, ctx.time, the denormal probe), the scripts'
-`interleaved_*` and generation timing are its callers.
+`GenerationSide`: whole generations), and the stop rule is fixed rounds or `until_resolved` (`rounds`, fewer
+once the ratios to the parent are beyond doubt, more until the median is within target_ci and the P99 bounded).
+`measure` (forward stages, ctx.time, the denormal probe), the scripts' `interleaved_*` and generation timing are
+its callers.
 
 A scenario's inputs are run in turn, not only its first: call i of a round runs input (offset + i) mod n, and
 the parent and the child run the same inputs in the same round, so a natural-length mix is timed as served and
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from optimizer.measure.stats import median_ci_halfwidth, quantile_ci
+from optimizer.measure.stats import median_ci_halfwidth, quantile_ci, speedup
 from optimizer.recipe.schema import BenchmarkSettings
 from optimizer.runtime.runners.base import Session
 
@@ -185,19 +186,47 @@ def fixed_rounds(rounds: int) -> Callable[[int], bool]:
     return lambda r: r < rounds
 
 
-def until_resolved(settings: BenchmarkSettings, samples: Callable[[], list[float]]) -> Callable[[int], bool]:
-    """The stages' stop rule: `settings.rounds` first, then (when asked) more until the median of samples() is
-    within target_ci and (resolve_tail) its P99 is bounded, up to max_rounds."""
+EARLY_CONFIDENCE = 0.99  # an interim look at the ratio: stricter than the report's 95% (several looks a stage)
+# Fewer rounds than this make too thin an interval to report (a bootstrap over 4 rounds' ratios is narrower than
+# any honest 95% interval of their median); 6 is the fewest `rounds` the shipped recipes use.
+EARLY_MIN_ROUNDS = 6
+
+
+RoundsPair = tuple[list[list[float]], list[list[float]]]
+
+
+def verdict_beyond_doubt(parent_rounds: list[list[float]], child_rounds: list[list[float]], margin: float) -> bool:
+    """Whether the child/parent ratio is settled whatever more rounds show: its 99% interval (bootstrap over
+    rounds, stats.speedup) lies wholly above 1 + margin or wholly below 1 / (1 + margin). The margin leaves room
+    for the spread between sessions that the run pools later (measure.instances), which widens the interval."""
+    if margin <= 0 or len(child_rounds) < EARLY_MIN_ROUNDS or len(parent_rounds) != len(child_rounds):
+        return False
+    s = speedup(parent_rounds, child_rounds, EARLY_CONFIDENCE)
+    return s.low > 1 + margin or s.high < 1 / (1 + margin)
+
+
+def until_resolved(
+    settings: BenchmarkSettings,
+    samples: Callable[[], list[float]],
+    ratios: Callable[[], Sequence[RoundsPair]] | None = None,
+) -> Callable[[int], bool]:
+    """The stages' stop rule: `settings.rounds` rounds, fewer when every ratio to the parent (ratios(): each
+    the parent's and the child's rounds of one figure) is beyond doubt after a pair of rounds (both orders) from
+    EARLY_MIN_ROUNDS on, then (when asked) more until the median of samples() is within target_ci and
+    (resolve_tail) its P99 is bounded, up to max_rounds."""
+
+    def latency_resolved() -> bool:
+        taken = samples()
+        if settings.target_ci > 0 and median_ci_halfwidth(taken) > settings.target_ci:
+            return False
+        return not settings.resolve_tail or quantile_ci(taken, 0.99) is not None
 
     def more(r: int) -> bool:
         if r < settings.rounds:
-            return True
-        if r >= settings.max_rounds:
-            return False
-        taken = samples()
-        if settings.target_ci > 0 and median_ci_halfwidth(taken) > settings.target_ci:
-            return True
-        return bool(settings.resolve_tail and quantile_ci(taken, 0.99) is None)
+            early = (ratios is not None and r >= EARLY_MIN_ROUNDS and r % 2 == 0
+                     and all(verdict_beyond_doubt(p, c, settings.early_stop_margin) for p, c in ratios()))
+            return not (early and latency_resolved())
+        return r < settings.max_rounds and not latency_resolved()
 
     return more
 
@@ -244,15 +273,16 @@ def measure(
     on_round: Callable[[int], None] | None = None,
 ) -> None:
     """Fill child.rounds (and parent.rounds) with interleaved timings (`interleave`, the parent first in round
-    0, until_resolved on the child's latencies). Both sessions must be warm. Raises ValueError when the two
-    sides hold different numbers of inputs."""
+    0, until_resolved on the child's latencies and the ratio). Both sessions must be warm. Raises ValueError when
+    the two sides hold different numbers of inputs."""
     if parent is not None and len(parent.inputs) != len(child.inputs):
         raise ValueError(f"parent has {len(parent.inputs)} inputs, the child {len(child.inputs)}: they must match")
     timed = [s for s in (parent, child) if s is not None]
     estimate = max(warm_up_all(*s.instance(k), 1) for s in timed for k in range(s.instances))
     n = iterations_for(settings, estimate)
     sides = [CallsSide(s, n) for s in timed]
-    interleave(sides, settings.settle_ms, until_resolved(settings, child.samples),
+    ratios = (lambda: [(parent.rounds, child.rounds)]) if parent is not None else None
+    interleave(sides, settings.settle_ms, until_resolved(settings, child.samples, ratios),
                parent=sides[0] if parent is not None else None, on_round=on_round)
 
 

@@ -219,6 +219,14 @@ class BenchmarkSettings(Strict):
         "calls), up to max_rounds; without it a P99 from fewer calls is reported as not resolved",
     )
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    early_stop_margin: float = Field(
+        default=0.10,
+        ge=0,
+        description="stop a stage's rounds before `rounds` once its ratio to the parent is beyond doubt: from 6 "
+        "rounds on, after each pair of rounds, when the ratio's 99% interval lies wholly above 1 + margin or "
+        "below 1 / (1 + margin) (and the latency goals target_ci / resolve_tail are met); a verdict near 1 runs "
+        "every round (0: always `rounds`)",
+    )
     instances: int = Field(
         default=2,
         ge=1,
