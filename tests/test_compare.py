@@ -284,11 +284,12 @@ def test_run_stage_that_was_skipped_or_failed_is_refused(pair: tuple[Path, Path]
 
 def test_why_line_agrees_with_the_verdict() -> None:
     """A slowdown beyond noise that is tiny in ms (0.010 -> 0.013 ms, 1.31x) must not read 'did not move'."""
-    from optimizer.report.compare import coverage_line
+    from optimizer.report.compare import ScenarioRow, coverage_line
     from optimizer.report.explain import Explanation, OpDelta
 
     e = Explanation("B", "A", "b1", "call", [OpDelta("Transpose", 0.0, 0.025)], 0.003)
-    row = {"scenario": "b1", "p50_a_ms": 0.010, "p50_b_ms": 0.013, "ratio": 1.31, "verdict": "B slower"}
+    row = ScenarioRow(scenario="b1", p50_a_ms=0.010, p50_b_ms=0.013, ratio=1.31, low=1.2, high=1.4,
+                      verdict="B slower", rounds=None, launches_a=None, launches_b=None, launches="n/a on cpu")
     line = coverage_line(e, row)
     assert "did not move" not in line and "0.0100 -> 0.0130 ms" in line and "+0.0030 ms" in line, line
     assert "1.31x" in line and "B slower" in line, line

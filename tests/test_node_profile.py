@@ -180,10 +180,10 @@ def test_diff_explains_each_judged_scenario(fused_run: tuple[Any, RunReport]) ->
     )
     sm.profile.op_time_ms = {**sm.profile.op_time_ms, "FusedGemm": sm.profile.op_time_ms["FusedGemm"] + 1.0}
     d = diff_reports(a, b)
-    change = next(c for c in d["op_changes"] if c["stage"] == "ort_session")
-    assert change["scenario"] == "b64" and change["part"] == "call" and change["kind"] == "ops"
-    assert change["ops"][0][0] == "FusedGemm" and change["ops"][0][3] == pytest.approx(1.0)
-    assert change["nodes"] == "new nodes: none; gone: none"  # same graph in both runs
+    change = next(c for c in d.op_changes if c.stage == "ort_session")
+    assert change.scenario == "b64" and change.part == "call" and change.kind == "ops"
+    assert change.ops[0][0] == "FusedGemm" and change.ops[0][3] == pytest.approx(1.0)
+    assert change.nodes == "new nodes: none; gone: none"  # same graph in both runs
     assert "Why `ort_session` moved, by op type, on b64" in diff_markdown(d)
 
 
@@ -270,11 +270,12 @@ def test_compare_output_names_the_nodes_and_every_scenario(fused_run: tuple[Any,
     data["stages"][1]["name"] = B_STAGE  # the compare run's shape: A is stage 0, B substitutes it
     run = parse_report(data, "compare run")
     s = summarize(run, CompareSide("A", Path("a.onnx"), "a.onnx"), CompareSide("B", Path("b.onnx"), "b.onnx"), [])
-    e = s["explanation"]
-    assert e["scenario"] == "b1" and e["nodes"]["shared"] == pytest.approx(1 / 6) and not e["nodes"]["renamed"]
-    assert [n["op"] for n in e["nodes"]["new"]] == ["FusedGemm"]
-    assert {n["node"] for n in e["nodes"]["gone"]} == {"mm1", "add1", "relu", "t1", "t2"}
-    assert [o["scenario"] for o in s["scenario_explanations"]] == ["b64"]
+    e = s.explanation
+    assert e is not None and e.nodes is not None
+    assert e.scenario == "b1" and e.nodes.shared == pytest.approx(1 / 6) and not e.nodes.renamed
+    assert [n.op for n in e.nodes.new] == ["FusedGemm"]
+    assert {n.node for n in e.nodes.gone} == {"mm1", "add1", "relu", "t1", "t2"}
+    assert [o.scenario for o in s.scenario_explanations] == ["b64"]
     lines = detail_lines(s)
     assert any(x.startswith("by node: new nodes: ") for x in lines), lines
     assert any(x.startswith("why on b64: B: ") and "; new nodes: " in x for x in lines), lines

@@ -414,7 +414,7 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
         records = Pipeline(recipe, tmp_path / run, use_cache=False).execute()
         reports.append(build_report(recipe, records, tmp_path / run, 1.0))
     d = diff_reports(*reports)
-    assert not regressions(d, 5), [(r["stage"], r["scenario"], r.get("ratio"), r.get("verdict")) for r in d["rows"]]
+    assert not regressions(d, 5), [(r.stage, r.scenario, r.ratio, r.verdict) for r in d.rows]
     slowed = copy.deepcopy(reports[1])
     st = slowed.stage("ort_session")
     assert st is not None and st.metrics is not None
@@ -429,9 +429,9 @@ def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_
     slowed_diff = diff_reports(reports[0], slowed)
     caught = regressions(slowed_diff, 5)
     assert any(line.startswith("ort_session on b1") for line in caught), caught
-    change = next(c for c in slowed_diff["op_changes"] if c["stage"] == "ort_session")
-    assert change["ops"][0][0] == top_op and change["ops"][0][3] > 0, change
-    assert change["summary"].startswith("ort_session from A to B: +") and f"{top_op} +" in change["summary"]
+    change = next(c for c in slowed_diff.op_changes if c.stage == "ort_session")
+    assert change.ops[0][0] == top_op and change.ops[0][3] > 0, change
+    assert change.summary.startswith("ort_session from A to B: +") and f"{top_op} +" in change.summary
     assert "Why `ort_session` moved, by op type" in diff_markdown(slowed_diff)
 
 
@@ -544,12 +544,12 @@ def test_diff_verdicts_hold_for_all_judged_rows_together() -> None:
     others = {("a", "b1"): 0.05, ("a", "b8"): -0.04, ("b", "b1"): 0.06, ("b", "b8"): -0.05, ("c", "b8"): -0.03}
     b = _chain_run({**others, ("c", "b1"): -0.19})
     d = diff_reports(a, b)
-    row = next(r for r in d["rows"] if r["stage"] == "c" and r["scenario"] == "b1")
-    assert row["verdict"] == "within noise", row
-    assert d["judged_rows"] == 8, d["judged_rows"]
+    row = next(r for r in d.rows if r.stage == "c" and r.scenario == "b1")
+    assert row.verdict == "within noise", row
+    assert d.judged_rows == 8, d.judged_rows
     assert not regressions(d, 5)
     slowed = diff_reports(a, _chain_run({**others, ("c", "b1"): -math.log(3)}))
-    assert any(line.startswith("c on b1") for line in regressions(slowed, 5)), slowed["rows"]
+    assert any(line.startswith("c on b1") for line in regressions(slowed, 5)), slowed.rows
 
 
 class SpinSession(RecordingSession):

@@ -86,7 +86,7 @@ def compare(
 
     write_text(run_dir / "compare.yaml", _yaml(recipe_dict(r)))
     s = summarize(report, side_a, side_b, notes)
-    write_json(run_dir / "compare.json", s)
+    write_json(run_dir / "compare.json", s.to_json())
     write_text(run_dir / "compare.md", compare_markdown(s))
     source = report.stages[0]  # A itself did not run: nothing was compared, the error says why
     if source.status == "failed" and _ran_on_inputs(source.traceback or ""):
@@ -97,7 +97,7 @@ def compare(
     if source.status == "failed":
         fail(opts, f"A: {source.reason}", 2 if source.error_kind == "input" else 1)
     if fmt == "json":
-        print(strict_json_dumps(s, indent=2))
+        print(strict_json_dumps(s.to_json(), indent=2))
     elif fmt == "md":
         print(compare_markdown(s))
     else:
@@ -124,9 +124,9 @@ def compare(
                 table.add_row(*row.values())
             opts.out.print(table)
         opts.out.print(f"report: {run_dir / 'report.md'}, {run_dir / 'report.html'}, {run_dir / 'compare.json'}")
-    if s["status"] not in ("ran", "cached") or report.failed_stages:
-        why = s.get("reason") or ", ".join(report.failed_stages)
-        b_stage = report.stage(s["b"]["stage"])
+    if s.status not in ("ran", "cached") or report.failed_stages:
+        why = s.reason or ", ".join(report.failed_stages)
+        b_stage = report.stage(s.b.stage)
         usage = b_stage is not None and b_stage.error_kind == "input"
         fail(opts, f"B was not measured against A: {why}", 2 if usage else 1)
 

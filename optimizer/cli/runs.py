@@ -69,14 +69,14 @@ def diff(
     if mismatch and fmt != "json":
         opts.out.print(styled(("note:", "yellow"), f" {mismatch}: the ratios below compare two models, not passes"))
     if fmt == "json":
-        print(strict_json_dumps(d, indent=2))
+        print(strict_json_dumps(d.to_json(), indent=2))
     elif fmt == "md":
         print(to_markdown(d))
     else:
         rows = table_rows(d)
         table = Table(
             header_style="bold",
-            title=f"A: {d['a']['run_dir']}  vs  B: {d['b']['run_dir']}",
+            title=f"A: {d.a.run_dir}  vs  B: {d.b.run_dir}",
             title_justify="left",
             caption="A/B > 1: B is faster; interval: 95% bootstrap of the ratio",
         )
@@ -86,18 +86,18 @@ def diff(
             style = "red" if "SLOWER" in row["verdict"] else "green" if "faster" in row["verdict"] else ""
             table.add_row(*row.values(), style=style)
         opts.out.print(table)
-        for r in d["totals"]:
+        for r in d.totals:
             opts.out.print(
-                f"final stage {d['final_stage']} on {r['scenario']}: {r['p50_a']:.2f} -> {r['p50_b']:.2f} ms "
-                f"({r['ratio']:.2f}x, {r['verdict']})"
+                f"final stage {d.final_stage} on {r.scenario}: {r.p50_a:.2f} -> {r.p50_b:.2f} ms "
+                f"({r.ratio:.2f}x, {r.verdict})"
             )
-        for change in d["op_changes"]:
-            where = ", ".join(str(change[k]) for k in ("scenario", "part") if change.get(k))
-            by = "kernel" if change.get("kind") == "kernels" else "op type"
-            opts.out.print(f"why {change['stage']} moved ({where}), by {by}: {change['summary']} "
-                           f"({change['coverage']})", highlight=False, soft_wrap=True)
-            if change.get("nodes"):
-                opts.out.print(f"  {change['nodes']}", highlight=False, soft_wrap=True)
+        for change in d.op_changes:
+            where = ", ".join(v for v in (change.scenario, change.part) if v)
+            by = "kernel" if change.kind == "kernels" else "op type"
+            opts.out.print(f"why {change.stage} moved ({where}), by {by}: {change.summary} "
+                           f"({change.coverage})", highlight=False, soft_wrap=True)
+            if change.nodes:
+                opts.out.print(f"  {change.nodes}", highlight=False, soft_wrap=True)
     if fail_on_regression is not None:
         found = regressions(d, fail_on_regression)
         if found:

@@ -31,6 +31,13 @@ class Facts(BaseModel):
         return self.model_dump(exclude_unset=True, exclude=exclude)
 
 
+class ClosedFacts(Facts):
+    """Facts with a closed set of keys (extras refused), as the commands' summaries (compare.json, diff's JSON)
+    hold them: `to_json` writes the fields that were given, so a key a summary leaves out stays out."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
 class Latency(Facts):
     """Timed calls of one side in milliseconds (measure.stats.latency_stats)."""
 

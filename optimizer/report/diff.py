@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any
+from typing import Literal
 
 import numpy as np
 
-from optimizer.core.metrics import ScenarioMetrics, StageMetrics
-from optimizer.core.stage import StageReport
+from optimizer.core.metrics import ClosedFacts, ScenarioMetrics, SpeedVerdict, StageMetrics
+from optimizer.core.stage import StageReport, Status
 from optimizer.report.explain import between_runs
 from optimizer.report.schema import RunReport
 from optimizer.report.timings import require_timings
@@ -45,6 +45,69 @@ def simultaneous_z(rows: int) -> float:
 
 
 OP_ROWS = 6  # op types listed per stage in `op_changes`
+
+DiffVerdict = Literal["faster", "slower", "within noise", "control"]  # "control": stage 0, shown and not judged
+
+
+class RunSide(ClosedFacts):
+    run_dir: str
+    created: str
+    recipe: str  # the recipe's name
+
+
+class DiffRow(ClosedFacts):
+    """One stage on one scenario in both runs. `between_runs` and `control_widening` are present only on rows
+    judged by their own ratio, and the figures from `p50_a` on only where both runs measured the stage there."""
+
+    scenario: str
+    stage: str
+    type: str
+    status_a: Status
+    status_b: Status
+    between_runs: float | None = None  # the between-run move of a ratio (log) added to the interval
+    control_widening: float | None = None  # stage 0's own between-run change (log), for passes timed against it
+    p50_a: float | None = None
+    p50_b: float | None = None
+    raw_ratio: float | None = None  # A's P50 / B's
+    ratio: float | None = None  # A/B: > 1 when B is faster
+    basis: str | None = None  # what `ratio` is
+    low: float | None = None
+    high: float | None = None
+    verdict: DiffVerdict | None = None
+    vs_parent_a: float | None = None
+    vs_parent_b: float | None = None
+    vs_source_a: float | None = None
+    vs_source_b: float | None = None
+    cosine_a: float | None = None  # the accuracy figure a reader compares (_accuracy)
+    cosine_b: float | None = None
+
+
+class OpChange(ClosedFacts):
+    """Why a stage judged faster or slower moved between the runs, on one scenario and part (report.explain)."""
+
+    stage: str
+    scenario: str
+    part: str  # "call", "prefill" or "decode step"
+    kind: Literal["ops", "kernels"]
+    summary: str
+    coverage: str
+    nodes: str | None  # ORT's nodes new and gone, one line
+    ops: list[tuple[str, float, float, float]]  # (op type, A ms, B ms, B - A ms), the largest changes first
+
+
+class DiffSummary(ClosedFacts):
+    """What `optimizer diff` prints; `--format json` writes its `to_json()`."""
+
+    a: RunSide
+    b: RunSide
+    only_in_a: list[str]
+    only_in_b: list[str]
+    rows: list[DiffRow]
+    machine_drift: float | None
+    final_stage: str | None
+    judged_rows: int  # the intervals hold for these together (simultaneous_z)
+    totals: list[DiffRow]  # the final stage's measured rows
+    op_changes: list[OpChange]
 
 
 def machine_drift(a: RunReport, b: RunReport) -> float | None:
@@ -79,7 +142,9 @@ def _between_runs(changes: dict[tuple[str, str], float], stage: str, direct: set
     return max(1.4826 * float(np.median(pool)) if pool else 0.0, MIN_BETWEEN_RUNS)
 
 
-def _verdict(a: ScenarioMetrics, b: ScenarioMetrics, z: float = Z95, seed: int = 0) -> tuple[float, float, str]:
+def _verdict(
+    a: ScenarioMetrics, b: ScenarioMetrics, z: float = Z95, seed: int = 0
+) -> tuple[float, float, SpeedVerdict]:
     """(low, high) of the A/B ratio's interval (z: its normal quantile), and whether B is faster, slower or within
     noise."""
     sa, sb = a.samples_ms, b.samples_ms
@@ -98,7 +163,7 @@ def _verdict(a: ScenarioMetrics, b: ScenarioMetrics, z: float = Z95, seed: int =
         ratio = la.p50_ms / lb.p50_ms
         rel = math.sqrt((se_a / la.p50_ms) ** 2 + (se_b / lb.p50_ms) ** 2)
         low, high = ratio * (1 - z * rel), ratio * (1 + z * rel)
-    verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
+    verdict: SpeedVerdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
     return low, high, verdict
 
 
@@ -119,7 +184,8 @@ def different_models(a: RunReport, b: RunReport) -> str | None:
     return f"A and B are runs of different models: A {_model_label(a)}, B {_model_label(b)}"
 
 
-def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
+def diff_reports(a: RunReport, b: RunReport) -> DiffSummary:
+    """Every stage both runs have, on every scenario both have, judged as the module docstring says."""
     require_timings(a, "A")  # a zero or negative time is one line here, not a math error in a ratio below
     require_timings(b, "B")
     sa, sb = _stages(a), _stages(b)
@@ -152,15 +218,12 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
     for scen in scenarios:
         for name in names:
             ea, eb = entries(name, scen)
-            row: dict[str, Any] = {
-                "scenario": scen,
-                "stage": name,
-                "type": sb[name].type,
-                "status_a": sa[name].status,
-                "status_b": sb[name].status,
-            }
+            row = DiffRow(
+                scenario=scen, stage=name, type=sb[name].type, status_a=sa[name].status, status_b=sb[name].status
+            )
             if ea and eb:
                 raw = ea.latency.p50_ms / eb.latency.p50_ms
+                verdict: DiffVerdict
                 if (name, scen) in links and sb[name].index > 0:
                     mu, sigma = links[(name, scen)]
                     tau = _between_runs({k: v[0] for k, v in links.items()}, name, direct)
@@ -169,7 +232,7 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
                     ratio, basis = math.exp(mu), "its own ratio vs its input (interleaved, both runs)"
                     low, high = math.exp(mu - half), math.exp(mu + half)
                     verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
-                    row["between_runs"], row["control_widening"] = tau, widen
+                    row.between_runs, row.control_widening = tau, widen
                 else:
                     low, high, verdict = _verdict(ea, eb, z)
                     ratio = raw
@@ -178,96 +241,87 @@ def diff_reports(a: RunReport, b: RunReport) -> dict[str, Any]:
                         verdict = "control"
                 if verdict in ("faster", "slower") and abs(math.log(ratio)) < math.log1p(MIN_EFFECT):
                     verdict = "within noise"
-                row.update(
-                    p50_a=ea.latency.p50_ms,
-                    p50_b=eb.latency.p50_ms,
-                    raw_ratio=raw,
-                    ratio=ratio,
-                    basis=basis,
-                    low=low,
-                    high=high,
-                    verdict=verdict,
-                    vs_parent_a=ea.vs_parent.ratio if ea.vs_parent is not None else None,
-                    vs_parent_b=eb.vs_parent.ratio if eb.vs_parent is not None else None,
-                    vs_source_a=sa[name].vs_source.get(scen),
-                    vs_source_b=sb[name].vs_source.get(scen),
-                )
-                row.update(cosine_a=_accuracy(sa[name].metrics, metric), cosine_b=_accuracy(sb[name].metrics, metric))
+                row.p50_a, row.p50_b, row.raw_ratio, row.ratio = ea.latency.p50_ms, eb.latency.p50_ms, raw, ratio
+                row.basis, row.low, row.high, row.verdict = basis, low, high, verdict
+                row.vs_parent_a = ea.vs_parent.ratio if ea.vs_parent is not None else None
+                row.vs_parent_b = eb.vs_parent.ratio if eb.vs_parent is not None else None
+                row.vs_source_a, row.vs_source_b = sa[name].vs_source.get(scen), sb[name].vs_source.get(scen)
+                row.cosine_a, row.cosine_b = _accuracy(sa[name].metrics, metric), _accuracy(sb[name].metrics, metric)
             rows.append(row)
     final = next((n for n in reversed(names) if sa[n].ok and sb[n].ok), None)
-    totals = [r for r in rows if r["stage"] == final and "ratio" in r]
+    totals = [r for r in rows if r.stage == final and r.ratio is not None]
     # Why, for the stages judged faster or slower between the runs, on each scenario where they were: their op
     # types and ORT nodes, A's profile against B's, per part (call; prefill and decode step; CUDA kernels).
-    judged = [(r["stage"], r["scenario"]) for r in rows if r.get("verdict") in ("faster", "slower")]
+    judged = [(r.stage, r.scenario) for r in rows if r.verdict in ("faster", "slower")]
     first = b.scenario_names[0] if b.scenario_names else ""
     op_changes = [
-        {
-            "stage": n,
-            "scenario": scen,
-            "part": e.per,
-            "kind": "kernels" if e.kernels else "ops",
-            "summary": e.summary(),
-            "coverage": e.coverage(),
-            "nodes": e.nodes.line() if e.nodes is not None else None,
-            "ops": [[r.op, r.parent_ms, r.stage_ms, r.delta_ms] for r in e.rows[:OP_ROWS]],
-        }
+        OpChange(
+            stage=n,
+            scenario=scen,
+            part=e.per,
+            kind="kernels" if e.kernels else "ops",
+            summary=e.summary(),
+            coverage=e.coverage(),
+            nodes=e.nodes.line() if e.nodes is not None else None,
+            ops=[(r.op, r.parent_ms, r.stage_ms, r.delta_ms) for r in e.rows[:OP_ROWS]],
+        )
         for n, scen in judged
         for e in between_runs(sa[n], sb[n], scen, first)
     ]
-    return {
-        "a": {"run_dir": a.run_dir, "created": a.created, "recipe": a.recipe.name},
-        "b": {"run_dir": b.run_dir, "created": b.created, "recipe": b.recipe.name},
-        "only_in_a": [n for n in sa if n not in sb],
-        "only_in_b": [n for n in sb if n not in sa],
-        "rows": rows,
-        "machine_drift": machine_drift(a, b),
-        "final_stage": final,
-        "judged_rows": judged_rows,  # the intervals hold for these together (simultaneous_z)
-        "totals": totals,
-        "op_changes": op_changes,
-    }
+    return DiffSummary(
+        a=RunSide(run_dir=a.run_dir, created=a.created, recipe=a.recipe.name),
+        b=RunSide(run_dir=b.run_dir, created=b.created, recipe=b.recipe.name),
+        only_in_a=[n for n in sa if n not in sb],
+        only_in_b=[n for n in sb if n not in sa],
+        rows=rows,
+        machine_drift=machine_drift(a, b),
+        final_stage=final,
+        judged_rows=judged_rows,
+        totals=totals,
+        op_changes=op_changes,
+    )
 
 
-def regressions(d: dict[str, Any], pct: float) -> list[str]:
+def regressions(d: DiffSummary, pct: float) -> list[str]:
     """Stages (and the final one) where B is slower than A by more than pct percent, beyond noise."""
     out = []
-    for r in d["rows"]:
-        if r.get("verdict") == "slower" and (1 / r["ratio"] - 1) * 100 > pct:
+    for r in d.rows:
+        if r.verdict == "slower" and r.ratio is not None and (1 / r.ratio - 1) * 100 > pct:
             out.append(
-                f"{r['stage']} on {r['scenario']}: {100 * (1 / r['ratio'] - 1):.1f}% slower, {r['basis']} "
-                f"(P50 {r['p50_a']:.2f} -> {r['p50_b']:.2f} ms)"
+                f"{r.stage} on {r.scenario}: {100 * (1 / r.ratio - 1):.1f}% slower, {r.basis} "
+                f"(P50 {r.p50_a:.2f} -> {r.p50_b:.2f} ms)"
             )
     return out
 
 
-def _cell(r: dict[str, Any]) -> dict[str, str]:
-    if "ratio" not in r:
+def _cell(r: DiffRow) -> dict[str, str]:
+    if r.ratio is None or r.verdict is None:
         return {
-            "scenario": r["scenario"],
-            "stage": r["stage"],
+            "scenario": r.scenario,
+            "stage": r.stage,
             "A ms": "-",
             "B ms": "-",
             "A/B": "-",
-            "verdict": f"{r['status_a']} / {r['status_b']}",
+            "verdict": f"{r.status_a} / {r.status_b}",
             "vs parent A -> B": "-",
             "accuracy A -> B": "-",
         }
     vp = (
         "-"
-        if r["vs_parent_a"] is None or r["vs_parent_b"] is None
-        else f"{r['vs_parent_a']:.2f}x -> {r['vs_parent_b']:.2f}x"
+        if r.vs_parent_a is None or r.vs_parent_b is None
+        else f"{r.vs_parent_a:.2f}x -> {r.vs_parent_b:.2f}x"
     )
-    cos = "-" if r["cosine_a"] is None or r["cosine_b"] is None else f"{r['cosine_a']:.5f} -> {r['cosine_b']:.5f}"
+    cos = "-" if r.cosine_a is None or r.cosine_b is None else f"{r.cosine_a:.5f} -> {r.cosine_b:.5f}"
     word = {"faster": "B faster", "slower": "B SLOWER", "within noise": "within noise", "control": "control"}[
-        r["verdict"]
+        r.verdict
     ]
     return {
-        "scenario": r["scenario"],
-        "stage": r["stage"],
-        "A ms": f"{r['p50_a']:.2f}",
-        "B ms": f"{r['p50_b']:.2f}",
-        "A/B": f"{r['ratio']:.2f}x",
-        "verdict": f"{word} ({r['low']:.2f}-{r['high']:.2f})",
+        "scenario": r.scenario,
+        "stage": r.stage,
+        "A ms": f"{r.p50_a:.2f}",
+        "B ms": f"{r.p50_b:.2f}",
+        "A/B": f"{r.ratio:.2f}x",
+        "verdict": f"{word} ({r.low:.2f}-{r.high:.2f})",
         "vs parent A -> B": vp,
         "accuracy A -> B": cos,
     }
@@ -285,50 +339,50 @@ def _accuracy(metrics: StageMetrics | None, metric: str | None = None) -> float 
     return first.token_agreement if first.token_agreement is not None else first.cosine
 
 
-def to_markdown(d: dict[str, Any]) -> str:
+def to_markdown(d: DiffSummary) -> str:
     cols = ["scenario", "stage", "A ms", "B ms", "A/B", "verdict", "vs parent A -> B", "accuracy A -> B"]
     lines = [
-        f"**A**: `{d['a']['run_dir']}` ({d['a']['created']}) vs **B**: `{d['b']['run_dir']}` ({d['b']['created']})",
+        f"**A**: `{d.a.run_dir}` ({d.a.created}) vs **B**: `{d.b.run_dir}` ({d.b.created})",
         "",
         "A/B > 1 means B is faster. Each pass is judged by its own interleaved ratio against its input, B over A, "
         "so drift of the machine between the runs cancels; its interval is widened by how much the other "
         "passes' ratios moved between the runs, and the intervals of the "
-        f"{d.get('judged_rows', 0)} judged rows hold together at 95% (Bonferroni). "
+        f"{d.judged_rows} judged rows hold together at 95% (Bonferroni). "
         f"Changes under {MIN_EFFECT:.0%} are within noise. Stage 0 is the control: its raw P50 change is shown, "
         "not judged."
         + (
-            f" The fixed calibration workload ran {d['machine_drift']:+.1%} from A to B."
-            if d.get("machine_drift") is not None
+            f" The fixed calibration workload ran {d.machine_drift:+.1%} from A to B."
+            if d.machine_drift is not None
             else ""
         ),
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
     ]
-    for r in d["rows"]:
+    for r in d.rows:
         c = _cell(r)
         lines.append("| " + " | ".join(c[k] for k in cols) + " |")
-    if d["totals"]:
+    if d.totals:
         lines += [
             "",
-            f"**Final stage `{d['final_stage']}`**: "
+            f"**Final stage `{d.final_stage}`**: "
             + "; ".join(
-                f"{r['scenario']} {r['p50_a']:.2f} -> {r['p50_b']:.2f} ms ({r['ratio']:.2f}x, {r['verdict']})"
-                for r in d["totals"]
+                f"{r.scenario} {r.p50_a:.2f} -> {r.p50_b:.2f} ms ({r.ratio:.2f}x, {r.verdict})"
+                for r in d.totals
             ),
         ]
-    for change in d.get("op_changes") or []:
-        where = f", on {change['scenario']}" if change.get("scenario") else ""
-        what = "CUDA kernel" if change.get("kind") == "kernels" else "op type"
-        why = f"{change['summary']} ({change['coverage']})"
-        lines += ["", f"**Why `{change['stage']}` moved, by {what}{where}**: {why}"]
-        if change.get("nodes"):
-            lines.append(f"  {change['nodes']}")
-    for key, label in (("only_in_a", "only in A"), ("only_in_b", "only in B")):
-        if d[key]:
-            lines.append(f"\nStages {label}: {', '.join(d[key])}")
+    for change in d.op_changes:
+        where = f", on {change.scenario}" if change.scenario else ""
+        what = "CUDA kernel" if change.kind == "kernels" else "op type"
+        why = f"{change.summary} ({change.coverage})"
+        lines += ["", f"**Why `{change.stage}` moved, by {what}{where}**: {why}"]
+        if change.nodes:
+            lines.append(f"  {change.nodes}")
+    for names, label in ((d.only_in_a, "only in A"), (d.only_in_b, "only in B")):
+        if names:
+            lines.append(f"\nStages {label}: {', '.join(names)}")
     return "\n".join(lines)
 
 
-def table_rows(d: dict[str, Any]) -> list[dict[str, str]]:
-    return [_cell(r) for r in d["rows"]]
+def table_rows(d: DiffSummary) -> list[dict[str, str]]:
+    return [_cell(r) for r in d.rows]
