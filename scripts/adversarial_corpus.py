@@ -1,4 +1,4 @@
-"""Run the adversarial corpus (optimizer/qa/adversarial.py) on the tiny test MLP and print cases tried / held.
+"""Run the adversarial corpus (tests/corpus/adversarial.py) on the tiny test MLP and print cases tried / held.
 
 python scripts/adversarial_corpus.py   (about a minute; exit 1 when any case broke)
 """
@@ -8,12 +8,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))  # the tiny models the recipe builds
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))  # the corpus package and the tiny models the recipe builds
 
 from conftest import mlp_recipe  # noqa: E402
+from corpus.adversarial import run_corpus, table  # noqa: E402
 
 from optimizer.core.quiet import quiet  # noqa: E402
-from optimizer.qa.adversarial import run_corpus, table  # noqa: E402
 
 
 def main() -> None:

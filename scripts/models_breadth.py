@@ -1,5 +1,5 @@
 """Compile a small random-weight model of each family users bring with `optimizer compile --model`, and print the
-table (see optimizer/qa/breadth.py).
+table (see tests/corpus/breadth.py).
 
 python scripts/models_breadth.py [--out DIR] [--cases bert,gpt2] [--sizes smallest|small] [--bench] [--markdown]
 
@@ -21,7 +21,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from optimizer.qa.breadth import EXPECTED, HEADER, SIZES, TIMEOUT_S, Result, markdown, rows, select, unexpected
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))  # the corpus package (tests/corpus)
+
+from corpus.breadth import EXPECTED, HEADER, SIZES, TIMEOUT_S, Result, markdown, rows, select, unexpected  # noqa: E402
 
 
 def main() -> None:
@@ -47,7 +49,7 @@ def main() -> None:
         err.print(f"{r.case}: {r.outcome}{mark} in {r.seconds:.0f} s (built in {r.build_seconds:.0f} s)",
                   highlight=False)
 
-    from optimizer.qa.breadth import run_cases
+    from corpus.breadth import run_cases
 
     start = time.perf_counter()
     results = run_cases(cases, out, size=args.sizes, bench=args.bench, timeout=args.timeout, debug=args.debug,

@@ -1,4 +1,4 @@
-"""Run every pass over the onnx package's test models and print the table (see optimizer/qa/corpus.py).
+"""Run every pass over the onnx package's test models and print the table (see tests/corpus/robustness.py).
 
 python scripts/robustness_corpus.py [--details]
 """
@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from optimizer.core.quiet import quiet
-from optimizer.qa.corpus import corpus_dirs, run_corpus, table
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))  # the corpus package (tests/corpus)
+
+from corpus.robustness import corpus_dirs, run_corpus, table  # noqa: E402
+
+from optimizer.core.quiet import quiet  # noqa: E402
 
 
 def main() -> None:

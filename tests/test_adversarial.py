@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import mlp_recipe
-
-from optimizer.qa.adversarial import Outcome, recipe_cases, run_corpus
+from corpus.adversarial import Outcome, recipe_cases, run_corpus
 
 
 def test_the_recipe_cases_hold(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import mlp_recipe
+from corpus.edge import _spread as spread  # 40 cosines spread like a log-normal's quantiles
 from scipy import stats
 from test_verdicts import disagreeing_report
 
@@ -18,7 +19,6 @@ from optimizer.engine.pipeline import Pipeline
 from optimizer.measure.accuracy import AccuracyMeter, budget_verdict
 from optimizer.measure.best import best_stage
 from optimizer.measure.stats import low_quantile_bound
-from optimizer.qa.round3_edge import _spread as spread  # 40 cosines spread like a log-normal's quantiles
 from optimizer.recipe.loading import parse_recipe
 from optimizer.recipe.schema import AccuracyBudget
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from optimizer.qa.corpus import PASSES, corpus_dirs, run_corpus, table
+from corpus.robustness import PASSES, corpus_dirs, run_corpus, table
 
 
 @pytest.mark.slow

@@ -289,8 +289,8 @@ def test_export_lock_refuses_while_held(run: Path, tmp_path: Path) -> None:
 
 
 def _slash_model(folder: Path) -> Path:
-    """The corpus's one-MatMul graph whose tensor names hold '/' and ':' (optimizer/qa/round3_handover.py)."""
-    from optimizer.qa.round3_handover import _slash_model as write_slash_model
+    """The corpus's one-MatMul graph whose tensor names hold '/' and ':' (tests/corpus/handover.py)."""
+    from corpus.handover import _slash_model as write_slash_model
 
     path = folder / "slash.onnx"
     write_slash_model(path)

@@ -1,5 +1,5 @@
 """Model breadth (issue 33): `optimizer compile --model` on a small random-weight model of each family users bring
-(optimizer/qa/breadth.py, scripts/models_breadth.py), each outcome the one breadth.EXPECTED says.
+(tests/corpus/breadth.py, scripts/models_breadth.py), each outcome the one breadth.EXPECTED says.
 
 The refusal (an encoder-decoder auto has not checked: BART) takes seconds and runs in the fast tier; the compiles run
 in the slow one, on a subset that covers every kind auto tells apart (a text encoder with its tokenizer, a classifier
@@ -13,8 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from optimizer.qa.breadth import CASES, EXPECTED, markdown, run_cases, select, unexpected
+from corpus.breadth import CASES, EXPECTED, markdown, run_cases, select, unexpected
 
 # Every kind auto tells apart and every kind of source, in a third of the whole set's time.
 COMPILED = ["bert", "bert-seqcls", "vit-imgcls", "resnet-imgcls", "llama", "onnx-external-data",

@@ -50,7 +50,7 @@ def external_model(folder: Path, name: str = "m.onnx", location: str | None = No
 
 def set_location(path: Path, location: str) -> None:
     """Point every external tensor of the graph at `location` (the file itself is not touched)."""
-    from optimizer.qa.round3_sources import _point_at
+    from corpus.sources import _point_at
 
     _point_at(path, location)
 

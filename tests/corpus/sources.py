@@ -1,4 +1,4 @@
-"""Adversarial cases of issue 28 (sources); see optimizer/qa/adversarial.py."""
+"""Adversarial cases of issue 28 (sources); see tests/corpus/adversarial.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from optimizer.qa.adversarial import Round3
+from .adversarial import Shared
 
 KIND = "R3.6 models users really have"
 WIDTH = 16
@@ -48,7 +48,7 @@ def _point_at(path: Path, location: str) -> None:
     onnx.save(model, str(path))
 
 
-def _recipe(r: Round3, model: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
+def _recipe(r: Shared, model: Path, passes: list[dict[str, Any]]) -> dict[str, Any]:
     data = copy.deepcopy(r.base)
     data.update(model={"source": "onnx", "path": str(model)}, passes=passes,
                 inputs=[{"name": "x", "dtype": "float32", "shape": ["batch", WIDTH]}])
@@ -68,12 +68,12 @@ def _all_ran(records: dict[str, Any], *names: str) -> bool | str:
     return True if not bad else "; ".join(bad)
 
 
-def add_cases(r: Round3) -> None:
+def add_cases(r: Shared) -> None:
     r.work.mkdir(parents=True, exist_ok=True)
     _external_data_cases(r)
 
 
-def _external_data_cases(r: Round3) -> None:
+def _external_data_cases(r: Shared) -> None:
     work = r.work / "external"
 
     def every_stage(location: str) -> bool | str:

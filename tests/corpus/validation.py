@@ -1,4 +1,4 @@
-"""Adversarial cases of issue 28 (validation); see optimizer/qa/adversarial.py.
+"""Adversarial cases of issue 28 (validation); see tests/corpus/adversarial.py.
 
 R3.5: a recipe that validates must not go wrong at compile: what load can know it refuses (RecipeError naming the
 field), what only run time knows fails the one part it concerns with the reason (stage 0, a sweep batch).
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.errors import InputError, OptimizerError
-from optimizer.qa.adversarial import Round3, _refused
+
+from .adversarial import Shared, _refused
 
 KIND5 = "R3.5 recipes that validate, then fail"
 KIND8 = "R3.8 numbers other tools cannot read"
@@ -55,7 +56,7 @@ def _parse(data: dict[str, Any], work: Path) -> Callable[[], Any]:
     return lambda: parse_recipe(data, "adversarial.yaml", work)
 
 
-def _onnx_output_case(r: Round3) -> bool | str:
+def _onnx_output_case(r: Shared) -> bool | str:
     model = r.work / "m.onnx"
     shutil.copy(r.run / "01-export" / "model.onnx", model)
     data = copy.deepcopy(r.base)
@@ -64,7 +65,7 @@ def _onnx_output_case(r: Round3) -> bool | str:
     return _refused(_parse(data, r.work))
 
 
-def _torch_output_case(r: Round3) -> bool | str:
+def _torch_output_case(r: Shared) -> bool | str:
     """A PyTorch model's outputs are known once it runs: stage 0 fails, as a usage error (exit 2), naming them."""
     from optimizer.engine.pipeline import Pipeline
 
@@ -78,7 +79,7 @@ def _torch_output_case(r: Round3) -> bool | str:
         else f"stages {[(x.status, x.reason) for x in records]}"
 
 
-def _feeds_case(r: Round3) -> bool | str:
+def _feeds_case(r: Shared) -> bool | str:
     """Inputs within the cap one by one, more than the machine has all together: one InputError, nothing
     allocated (the guard stops an allocation instead of filling the memory)."""
     from optimizer.runtime import inputs
@@ -98,7 +99,7 @@ def _feeds_case(r: Round3) -> bool | str:
         inputs._generate = real  # type: ignore[assignment]
 
 
-def _sweep_run(r: Round3) -> Path:
+def _sweep_run(r: Shared) -> Path:
     """A run with too few calls to bound its medians (Infinity in report.json and metrics.json before) and a
     sweep whose largest batch cannot fit its memory budget."""
     from optimizer.engine.pipeline import Pipeline
@@ -151,7 +152,7 @@ def _zeroed(run: Path, out: Path) -> Path:
     return out
 
 
-def _json_cases(r: Round3, run: Path) -> None:
+def _json_cases(r: Shared, run: Path) -> None:
     from optimizer.engine.rundir import write_json
     from optimizer.report.diff import diff_reports
     from optimizer.report.schema import read_report
@@ -181,7 +182,7 @@ def _json_cases(r: Round3, run: Path) -> None:
     r.out.add(KIND8, "select weight inf", lambda: _refused(lambda: parse_weights("latency=inf"), ValueError))
 
 
-def add_cases(r: Round3) -> None:
+def add_cases(r: Shared) -> None:
     r.work.mkdir(parents=True, exist_ok=True)
     for label, change in LOAD_CASES.items():
         data = copy.deepcopy(r.base)

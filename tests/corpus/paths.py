@@ -1,4 +1,4 @@
-"""Adversarial cases of issue 28 (paths); see optimizer/qa/adversarial.py.
+"""Adversarial cases of issue 28 (paths); see tests/corpus/adversarial.py.
 
 R3.3: a handed-over run folder with links planted at the names compile writes (its lock, an atomic write's temp
 name, the write probe, a leftover build folder), and an --out that is a folder of the user's files: held when
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from optimizer.qa.adversarial import Round3
+from .adversarial import Shared
 
 PATHS = "R3.3 paths not meant"
 MARKUP = "R3.4 user text as markup"
@@ -51,14 +51,14 @@ def _one_error(code: int, text: str, names: str) -> bool | str:
     return f"exit {code}: {text[-300:]!r}"
 
 
-def _handed_over(r: Round3, name: str) -> Path:
+def _handed_over(r: Shared, name: str) -> Path:
     """A copy of the compiled run folder (links kept as links)."""
     copy = r.work / name
     shutil.copytree(r.run, copy, symlinks=True)
     return copy
 
 
-def path_cases(r: Round3, recipe: Path, history: Path) -> None:
+def path_cases(r: Shared, recipe: Path, history: Path) -> None:
     from optimizer.engine.rundir import RunDir, write_text
 
     def lock_link() -> bool | str:
@@ -127,7 +127,7 @@ def path_cases(r: Round3, recipe: Path, history: Path) -> None:
     r.out.add(PATHS, "compile --model --out a folder of the user's files", users_folder(True))
 
 
-def markup_cases(r: Round3, history: Path) -> None:
+def markup_cases(r: Shared, history: Path) -> None:
     def recipe_at(path: Path, **changes: object) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump({**r.base, **changes}, sort_keys=False))
@@ -171,7 +171,7 @@ def markup_cases(r: Round3, history: Path) -> None:
     r.out.add(MARKUP, "factory error mentioning [/data]", factory_error)
 
 
-def add_cases(r: Round3) -> None:
+def add_cases(r: Shared) -> None:
     r.work.mkdir(parents=True, exist_ok=True)
     recipe = r.work / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(r.base, sort_keys=False))

@@ -281,14 +281,14 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
             == "incomplete" else "read as finished")
 
 
-ROUND3 = ("handover", "paths", "validation", "sources", "edge")
+TOPICS = ("handover", "paths", "validation", "sources", "edge")
 
 
 @dataclass
-class Round3:
-    """What a round-3 case module gets: the outcome to add to, the base recipe, a scratch folder of its own, a
-    compiled run folder of the base recipe and an onnx bundle exported from its ort_session stage (copy them
-    before changing them: other modules read them too)."""
+class Shared:
+    """What a case module (tests/corpus/<topic>.py) gets: the outcome to add to, the base recipe, a scratch folder
+    of its own, a compiled run folder of the base recipe and an onnx bundle exported from its ort_session stage
+    (copy them before changing them: other modules read them too)."""
 
     out: Outcome
     base: dict[str, Any]
@@ -316,11 +316,11 @@ def run_corpus(base: dict[str, Any]) -> Outcome:
         cache_cases(out, base, work)
         factory_cases(out, base, work)
         outcome_cases(out, run, work)
-        for topic in ROUND3:  # issue 28's classes, one module each (optimizer/qa/round3_<topic>.py)
+        for topic in TOPICS:  # one module each, named by what it checks (tests/corpus/<topic>.py)
             import importlib
 
-            importlib.import_module(f"optimizer.qa.round3_{topic}").add_cases(
-                Round3(out=out, base=base, work=work / f"r3-{topic}", run=run, bundle=bundle_dir))
+            importlib.import_module(f".{topic}", __package__).add_cases(
+                Shared(out=out, base=base, work=work / f"r3-{topic}", run=run, bundle=bundle_dir))
     return out
 
 

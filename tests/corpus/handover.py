@@ -1,4 +1,4 @@
-"""Adversarial cases of issue 28 (handover); see optimizer/qa/adversarial.py.
+"""Adversarial cases of issue 28 (handover); see tests/corpus/adversarial.py.
 
 R3.1: a run's numbers and its exported model part ways (a copied folder, a folder compiled again, a changed file):
 held when export ships the files of the folder it is given, as the run recorded them, or refuses in one line.
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.errors import OptimizerError
-from optimizer.qa.adversarial import Round3
+
+from .adversarial import Shared
 
 RUN = "R3.1 run and exported model part ways"
 HANDED = "R3.2 handed-over files trusted"
@@ -53,7 +54,7 @@ def _refuses(fn: Callable[[], Any], words: str, leaves: Path | None = None) -> b
     return "accepted"
 
 
-def _copy_run(r: Round3, name: str) -> Path:
+def _copy_run(r: Shared, name: str) -> Path:
     dest = r.work / name
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(r.run, dest)
@@ -66,7 +67,7 @@ def _edit_report(run: Path, stage: str, change: Callable[[dict[str, Any]], None]
     (run / "report.json").write_text(json.dumps(data))
 
 
-def run_cases(r: Round3) -> None:
+def run_cases(r: Shared) -> None:
     from optimizer.core.artifact import file_sha256
 
     def copied_exports_its_own() -> bool | str:
@@ -106,7 +107,7 @@ def run_cases(r: Round3) -> None:
     r.out.add(RUN, "stage.json removed", stage_json_gone)
 
 
-def run_bound_cases(r: Round3) -> None:
+def run_bound_cases(r: Shared) -> None:
     secret = r.work / "secret.txt"
     secret.write_text("not the run's")
 
@@ -137,7 +138,7 @@ def run_bound_cases(r: Round3) -> None:
     r.out.add(HANDED, "artifact a symlink out of the run", symlinked)
 
 
-def _tampered(r: Round3, change: Callable[[Path, dict[str, Any]], None]) -> Path:
+def _tampered(r: Shared, change: Callable[[Path, dict[str, Any]], None]) -> Path:
     root = r.work / "tampered"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(r.bundle, root)
@@ -147,7 +148,7 @@ def _tampered(r: Round3, change: Callable[[Path, dict[str, Any]], None]) -> Path
     return root
 
 
-def bundle_cases(r: Round3) -> None:
+def bundle_cases(r: Shared) -> None:
     from optimizer.deploy.bench import bench_bundle
     from optimizer.deploy.verify import verify_bundle
 
@@ -193,7 +194,7 @@ def bundle_cases(r: Round3) -> None:
         r.out.add(HANDED, label, both_refuse(change, words))
 
 
-def partial_case(r: Round3) -> None:
+def partial_case(r: Shared) -> None:
     def kept() -> bool | str:
         mine = r.work / ".partial-case.partial"
         mine.mkdir(parents=True, exist_ok=True)
@@ -204,7 +205,7 @@ def partial_case(r: Round3) -> None:
     r.out.add(PATHS, "export beside a .<out>.partial of the user's", kept)
 
 
-def race_cases(r: Round3) -> None:
+def race_cases(r: Shared) -> None:
     from optimizer.deploy.staging import out_lock
     from optimizer.deploy.verify import verify_bundle
 
@@ -244,7 +245,7 @@ def race_cases(r: Round3) -> None:
     r.out.add(RACES, "Ctrl-C during export", ctrl_c)
 
 
-def name_cases(r: Round3) -> None:
+def name_cases(r: Shared) -> None:
     from optimizer.deploy.bench import bench_bundle
     from optimizer.deploy.triton import triton_config
     from optimizer.deploy.verify import verify_bundle
@@ -303,7 +304,7 @@ def _slash_model(path: Path) -> None:
     onnx.save(model, path)
 
 
-def add_cases(r: Round3) -> None:
+def add_cases(r: Shared) -> None:
     r.work.mkdir(parents=True, exist_ok=True)
     run_cases(r)
     run_bound_cases(r)

@@ -1,4 +1,4 @@
-"""Adversarial cases of issue 28, class 9 (a verdict at the budget's edge); see optimizer/qa/adversarial.py."""
+"""Adversarial cases of issue 28, class 9 (a verdict at the budget's edge); see tests/corpus/adversarial.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from optimizer.qa.adversarial import Round3
+from .adversarial import Shared
 
 KIND = "R3.9 verdicts at the budget's edge"
 
@@ -21,7 +21,7 @@ def _spread(distance: float, n: int = 40) -> list[float]:
     return list(1.0 - np.exp(math.log(distance) + 0.45 * z))
 
 
-def add_cases(r: Round3) -> None:
+def add_cases(r: Shared) -> None:
     from optimizer.measure.accuracy import budget_verdict
     from optimizer.measure.best import best_stage
     from optimizer.measure.stats import low_quantile_bound
