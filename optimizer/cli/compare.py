@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from optimizer.cli.options import fail, options
+from optimizer.cli.options import echo, fail, options
 from optimizer.core.jsonio import strict_json_dumps
 
 app = typer.Typer()
@@ -97,9 +97,9 @@ def compare(
     if source.status == "failed":
         fail(opts, f"A: {source.reason}", 2 if source.error_kind == "input" else 1)
     if fmt == "json":
-        print(strict_json_dumps(s.to_json(), indent=2))
+        echo(strict_json_dumps(s.to_json(), indent=2))
     elif fmt == "md":
-        print(compare_markdown(s))
+        echo(compare_markdown(s))
     else:
         for line in headline(s):
             opts.out.print(line, highlight=False)

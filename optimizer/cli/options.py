@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
 from rich.text import Text
 
 # Our consoles never parse markup: paths, names, recipe values and error messages carry brackets ("runs/r[/x]",
@@ -15,16 +18,45 @@ from rich.text import Text
 # style spans (styled() below, or Text cells in tables), so nothing the user wrote is ever read as markup.
 MARKUP = False
 
+# What a terminal acts on instead of showing: C0 controls but tab and newline (ESC starts every sequence that
+# clears, moves, recolours or retitles), DEL, C1 (0x9b is a one-byte CSI) and the bidi overrides that reorder text.
+_UNSHOWABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
-def stdout_console() -> Console:
+
+def terminal_text(text: str) -> str:
+    """`text` as a terminal shows it and never obeys it: each control character becomes its escape (ESC ->
+    \\x1b), the rest is unchanged. The one escaping of the console boundary: every line our consoles write goes
+    through it (TerminalConsole), and so does what a command prints plainly (echo)."""
+    return _UNSHOWABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
+class TerminalConsole(Console):
+    """A rich Console whose text is escaped at the last step, after layout: names, reasons, table cells and
+    titles from models, bundles and run folders reach the terminal as text; our own styles (rendered by rich
+    around the escaped text) and the progress display's cursor moves (control segments) are kept."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            seg if seg.control else Segment(terminal_text(seg.text), seg.style) for seg in buffer
+        )
+
+
+def echo(text: str) -> None:
+    """print() for what a command writes plainly to stdout (markdown, JSON), escaped like the consoles' text."""
+    print(terminal_text(text))
+
+
+def stdout_console(**kwargs: Any) -> Console:
     # Piped output (CI logs, files) gets a width that fits the stage table instead of rich's default 80.
-    return Console(markup=MARKUP) if Console().is_terminal else Console(width=220, markup=MARKUP)
+    if "file" in kwargs or Console().is_terminal:
+        return TerminalConsole(markup=MARKUP, **kwargs)
+    return TerminalConsole(width=220, markup=MARKUP, **kwargs)
 
 
 def stderr_console() -> Console:
     if Console(stderr=True).is_terminal:
-        return Console(stderr=True, markup=MARKUP)
-    return Console(stderr=True, width=1000, markup=MARKUP)
+        return TerminalConsole(stderr=True, markup=MARKUP)
+    return TerminalConsole(stderr=True, width=1000, markup=MARKUP)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from optimizer.cli.options import error_line, fail, options, styled
+from optimizer.cli.options import echo, error_line, fail, options, styled
 from optimizer.core.errors import OptimizerError
 from optimizer.core.jsonio import strict_json_dumps
 
@@ -69,9 +69,9 @@ def diff(
     if mismatch and fmt != "json":
         opts.out.print(styled(("note:", "yellow"), f" {mismatch}: the ratios below compare two models, not passes"))
     if fmt == "json":
-        print(strict_json_dumps(d.to_json(), indent=2))
+        echo(strict_json_dumps(d.to_json(), indent=2))
     elif fmt == "md":
-        print(to_markdown(d))
+        echo(to_markdown(d))
     else:
         rows = table_rows(d)
         table = Table(
