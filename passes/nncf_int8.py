@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from optimizer.core.artifact import Artifact
-from optimizer.core.errors import OptimizerError, PassError
+from optimizer.core.errors import OptimizerError, PassError, install_hint
 from optimizer.core.pass_base import Pass, PassConfig, PassContext, PassResult
 from optimizer.runtime.cpu_features import int8_reduce_range
 from optimizer.runtime.threads import target_threads
@@ -86,7 +86,7 @@ class NncfInt8Pass(Pass[NncfInt8Config]):
         from optimizer.runtime.ov_engine import openvino_reason
 
         if importlib.util.find_spec("nncf") is None:
-            return "nncf is not installed (pip install 'optimizer[openvino]')"
+            return f"nncf is not installed ({install_hint('openvino')})"
         return openvino_reason()
 
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:

@@ -25,7 +25,9 @@ from optimizer.runtime.generation import Generation, TorchGenerator
 from optimizer.runtime.models import load_module
 from optimizer.runtime.runners.gen_runner import generator_for
 
-genai = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai not installed (pip install .[genai])")
+genai = pytest.importorskip(
+    "onnxruntime_genai", reason="onnxruntime-genai not installed (pip install -e '.[genai]', or scripts/setup.sh)"
+)
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -102,7 +102,8 @@ def test_sqlite_store_keeps_artifacts_beside_the_database(run_dir: Path, tmp_pat
 
 def test_missing_mlflow_is_one_line(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError
-    with pytest.raises(OptimizerError, match=r"^--mlflow: mlflow is not installed: pip install optimizer\[mlflow\]$"):
+    hint = r"pip install -e '\.\[mlflow\]' in a clone of this repository, or bash scripts/setup\.sh"
+    with pytest.raises(OptimizerError, match=rf"^--mlflow: mlflow is not installed: {hint}$"):
         log_run(_report(), run_dir, "file:///nowhere")
 
 

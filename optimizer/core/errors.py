@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def install_hint(extra: str) -> str:
+    """How to add an optional extra to this tool: from a clone of this repository (the package is not on PyPI;
+    `optimizer` there is an unrelated project), or with the set-up script, which installs every extra."""
+    return f"pip install -e '.[{extra}]' in a clone of this repository, or bash scripts/setup.sh"
+
+
 class OptimizerError(Exception):
     """Base class: the CLI prints str(error) on one line and exits non-zero."""
 

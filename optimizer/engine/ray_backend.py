@@ -15,7 +15,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, Literal
 
-from optimizer.core.errors import OptimizerError
+from optimizer.core.errors import OptimizerError, install_hint
 from optimizer.engine.jobs import Job, JobResult, failed_to_start, merge_phases, receive, run_phase
 from optimizer.engine.pool import Interrupted
 from optimizer.measure import bench_slot
@@ -88,7 +88,7 @@ def run_ray(jobs: list[Job], address: str | None, num_cpus: float = 1, local_cpu
     try:
         import ray
     except ImportError as e:
-        raise OptimizerError(f"--backend ray: ray is not installed ({e}); pip install 'optimizer[ray]'") from None
+        raise OptimizerError(f"--backend ray: ray is not installed ({e}); {install_hint('ray')}") from None
 
     started = not ray.is_initialized()
     if started and address:

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer.core.errors import OptimizerError
+from optimizer.core.errors import OptimizerError, install_hint
 from optimizer.core.stage import StageReport
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from optimizer.report.schema import RunReport
 
-INSTALL = "pip install optimizer[mlflow]"
+INSTALL = install_hint("mlflow")
 ARTIFACTS = ("report.html", "report.json", "report.md")
 RECIPE_FILE = "recipe.yaml"  # written beside the report by `compile --model` (cli/auto_compile.py)
 MAX_PARAM = 500  # MLflow limits a param's value (6000 chars in 2.x+); a config this long is read in report.json

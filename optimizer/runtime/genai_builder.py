@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from optimizer.core.errors import OptimizerError
+from optimizer.core.errors import OptimizerError, install_hint
 from optimizer.runtime.errortext import strip_ansi
 
 # Files the builder writes beside the graph that GenAI's runtime reads (genai_config.json first).
@@ -30,7 +30,7 @@ def genai_reason() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("onnxruntime_genai") is None:
-        return "onnxruntime-genai is not installed (pip install 'optimizer[genai]')"
+        return f"onnxruntime-genai is not installed ({install_hint('genai')})"
     return None
 
 

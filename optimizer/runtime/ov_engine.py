@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from optimizer.core.errors import OptimizerError
+from optimizer.core.errors import OptimizerError, install_hint
 
 PRECISIONS = ("default", "f32", "bf16")
 HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
@@ -33,7 +33,7 @@ def openvino_reason() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("openvino") is None:
-        return "openvino is not installed (pip install 'optimizer[openvino]')"
+        return f"openvino is not installed ({install_hint('openvino')})"
     return None
 
 
