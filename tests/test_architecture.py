@@ -156,22 +156,19 @@ def test_a_bug_of_ours_wrapped_in_a_pass_error_raises_under_debug(
 
 
 def test_is_our_bug_reads_the_innermost_frame_that_is_ours_or_a_model_library_s() -> None:
-    try:
+    # Each call must raise (pytest.raises fails the test if it does not), and is_our_bug must then say whose it is.
+    with pytest.raises(KeyError) as raised:
         {}["x"]  # noqa: B018 - raised in this test file: neither ours nor a model library's
-    except KeyError as e:
-        assert not is_our_bug(e)
-    try:
+    assert not is_our_bug(raised.value)
+    with pytest.raises(KeyError) as raised:
         Artifact.from_json({})  # KeyError inside optimizer/core/artifact.py
-    except KeyError as e:
-        assert is_our_bug(e)
-    try:
+    assert is_our_bug(raised.value)
+    with pytest.raises(TypeError) as raised:
         Artifact("onnx", None).derive(nope=1)  # raised inside dataclasses, called from our code
-    except TypeError as e:
-        assert is_our_bug(e)
-    try:
+    assert is_our_bug(raised.value)
+    with pytest.raises(OSError) as raised:
         Artifact("onnx", Path("/nonexistent/m.onnx")).size_bytes()  # the machine's: no such file
-    except OSError as e:
-        assert not is_our_bug(e)
+    assert not is_our_bug(raised.value)
 
 
 # ---------------------------------------------------------------- the services a pass gets from its context
