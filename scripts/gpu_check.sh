@@ -11,7 +11,10 @@
 #
 # What comes back from the GPU machine is at most 8 files, two folders deep: OUT holds summary.json, log.txt
 # (the checks' output, last 64 KiB) and, full mode, gpu-tests.txt; nothing else (no run folders, no history).
-# The machine has torch, transformers, onnx, onnxruntime and numpy but no network: the checks need nothing more.
+# The machine we can borrow has PyTorch 2.11 (CUDA 13), transformers, onnx, a CPU-only onnxruntime 1.30 and numpy,
+# no network, and no TensorRT, Polygraphy or onnxruntime-gpu (only small wheels, tens of MB, can be carried there:
+# onnxruntime-gpu ~300 MB and TensorRT > 1 GB cannot). So only the PyTorch CUDA rows run there; the ORT CUDA and
+# TensorRT rows say "not run: <why>" and the verdict covers only what ran (--dry-run prints which rows are which).
 # The gpu-marked tests need the project's other dependencies (pydantic ...): `bash scripts/gpu_wheelhouse.sh`
 # here first and carry `.whl`; without it they say why in summary.json's gpu_tests.
 set -uo pipefail
@@ -29,6 +32,7 @@ done
 out=${out:-gpu-check}
 mkdir -p "$out"
 rm -f "$out/summary.json" "$out/log.txt" "$out/gpu-tests.txt"
+: > "$out/log.txt"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 export PYTHONUNBUFFERED=1 OPTIMIZER_HISTORY="$scratch/history.sqlite"  # nothing but the summary files in OUT
@@ -45,21 +49,27 @@ esac
 skip="--$mode (the gpu-marked tests are part of the full run)"
 [ "$mode" = full ] && skip="they run after the checks"
 flag=(); [ "$mode" = full ] || flag=("--$mode")
+# log.txt is written in OUT from the first line: a run the machine cuts off at its limit still brings it back
+# (trimmed to its last 64 KiB at the end)
 timeout -k 5 "$limit" "$PY" scripts/gpu_decisive.py "$out" "${flag[@]}" --budget "$budget" \
-  --tests-skipped "$skip" 2>&1 | tee "$scratch/log.txt"
+  --tests-skipped "$skip" 2>&1 | tee "$out/log.txt"
 rc=${PIPESTATUS[0]}
-[ "$rc" = 124 ] && echo "gpu_check.sh: the checks stopped at the ${limit} s limit" | tee -a "$scratch/log.txt"
+[ "$rc" = 124 ] && echo "gpu_check.sh: the checks stopped at the ${limit} s limit" | tee -a "$out/log.txt"
 if [ ! -f "$out/summary.json" ]; then  # python itself did not start (gpu_decisive.py writes its skeleton first)
   echo "{\"schema\": \"gpu_check/1\", \"verdict\": \"fail: scripts/gpu_decisive.py did not start (rc $rc, see log.txt)\"}" \
     > "$out/summary.json"
 fi
 
 if [ "$mode" = full ]; then
-  if ls .whl/*.whl >/dev/null 2>&1; then  # the machine's own torch stays: only the missing small packages
+  # only the wheels whose package the machine lacks: a carried copy of one it has (scipy, pytest, pyyaml ...)
+  # would shadow the image's own, PYTHONPATH coming before site-packages
+  mapfile -t wheels < <(ls .whl/*.whl 2>/dev/null | xargs -r "$PY" scripts/gpu_decisive.py "$out" --missing-wheels)
+  if [ "${#wheels[@]}" -gt 0 ] && [ -n "${wheels[0]}" ]; then
+    echo "gpu_check.sh: unpacking ${#wheels[@]} wheels the machine lacks: ${wheels[*]##*/}" | tee -a "$out/log.txt"
     # a wheel is a zip: unpacked where pip is missing (no pip on the machine is no reason to skip the tests)
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$scratch/site" .whl/*.whl \
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$scratch/site" "${wheels[@]}" \
       2>/dev/null || "$PY" -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" \
-      "$scratch/site" .whl/*.whl
+      "$scratch/site" "${wheels[@]}"
     export PYTHONPATH="$PYTHONPATH:$scratch/site"
   fi
   if missing=$("$PY" -c "import pytest, pydantic, yaml, platformdirs, scipy, psutil" 2>&1); then
@@ -74,7 +84,7 @@ if [ "$mode" = full ]; then
       "$(echo "$missing" | tail -1) (bash scripts/gpu_wheelhouse.sh here, then carry .whl)"
   fi
 fi
-tail -c 65536 "$scratch/log.txt" > "$out/log.txt"
+tail -c 65536 "$out/log.txt" > "$scratch/log.txt" && cat "$scratch/log.txt" > "$out/log.txt"
 files=$(find "$out" -type f | wc -l)
 bytes=$(du -sb "$out" | cut -f1)
 echo "gpu_check.sh: $files files, $bytes bytes in $out (limit: 8 files, two folders deep)"

@@ -158,14 +158,63 @@ def _jsonable(x: Any) -> Any:
 
 
 def verdict(data: dict[str, Any]) -> str:
-    """pass when nothing that ran failed and something ran; else which parts failed, or why nothing ran."""
-    statuses = {k: v for k, v in leaves(data).items() if k.endswith("status")}
-    failed = [k.removesuffix(".status") for k, v in statuses.items() if isinstance(v, str) and v.startswith("fail")]
+    """"pass" only when every row ran and passed (the gpu-marked tests included); "pass for what ran (...); not run:
+    <rows> (<why>)" when some did not run: a verdict never covers a row that did not run. "fail: <rows>" when
+    something that ran failed; "not run: <why>" when nothing ran."""
+    statuses = {k.removesuffix(".status"): v for k, v in leaves(data).items() if k.endswith("status")}
+    if "gpu_tests" in data:
+        statuses["gpu_tests"] = data["gpu_tests"]
+    failed = [k for k, v in statuses.items() if isinstance(v, str) and v.startswith("fail")]
     if failed:
         return "fail: " + ", ".join(failed)
+    passed = [k for k, v in statuses.items() if v == "pass" or (k == "gpu_tests" and _tests_ran(v))]
     if not any(v == "pass" for v in statuses.values()):
         return not_run(str(data["decode"]["status"]).removeprefix("not run: "))
-    return "pass"
+    skipped: dict[str, list[str]] = {}
+    for k, v in statuses.items():
+        if k not in passed:
+            skipped.setdefault(str(v).removeprefix("not run: "), []).append(k)
+    if not skipped:
+        return "pass"
+    why = "; ".join(f"{', '.join(keys)} ({reason})" for reason, keys in skipped.items())
+    return f"pass for what ran ({', '.join(passed)}); not run: {why}"
+
+
+def _tests_ran(value: Any) -> bool:
+    """gpu_tests holds pytest's last line when they ran (a failure is "fail: ...", a skip "not run: ...")."""
+    return isinstance(value, str) and not value.startswith(("fail", "not run")) and value != ""
+
+
+# The GPU machine this project can borrow (docs/gpu.md): what it has decides which rows can run there at all.
+GPU_MACHINE = {
+    "torch": "PyTorch 2.11 (CUDA 13)",
+    "onnxruntime": "onnxruntime 1.30, CPU only",
+    "absent": "no TensorRT, Polygraphy or onnxruntime-gpu; only small wheels (tens of MB in all) can be carried "
+              "there, which onnxruntime-gpu (~300 MB) and TensorRT (> 1 GB) exceed",
+}
+_NO_ORT_CUDA = ("the GPU machine has onnxruntime 1.30 for the CPU only (onnxruntime-gpu, ~300 MB, cannot be "
+                "carried there)")
+_NO_TRT = "the GPU machine has no TensorRT or Polygraphy (TensorRT, > 1 GB, cannot be carried there)"
+
+
+def gpu_machine_plan() -> dict[str, str]:
+    """Row -> "runs" or "not run: <why>", on the borrowed GPU machine (GPU_MACHINE): only the PyTorch CUDA rows."""
+    plan = {"decode": "runs", "replay_010.static_decode": "runs", "replay_010.pytorch_forward": "runs",
+            "timing_labels.pytorch_eager": "runs", "timing_labels.pytorch_captured": "runs"}
+    for key in ("timing_labels.ort_cuda", "timing_labels.ort_cuda_captured", "replay_010.ort_cuda_graph"):
+        plan[key] = not_run(_NO_ORT_CUDA)
+    for key in ("timing_labels.tensorrt", "timing_labels.tensorrt_captured", "replay_010.tensorrt_graph"):
+        plan[key] = not_run(_NO_TRT)
+    plan["gpu_tests"] = ("runs (full mode only): the PyTorch CUDA tests; those of ORT's CUDA EP and TensorRT skip "
+                         "there, each with its reason")
+    return plan
+
+
+def print_plan(s: Summary) -> None:
+    s.say(f"on the GPU machine ({GPU_MACHINE['torch']}; {GPU_MACHINE['onnxruntime']}; {GPU_MACHINE['absent']}):")
+    for key, value in gpu_machine_plan().items():
+        shown = "would run" + value.removeprefix("runs") if value.startswith("runs") else value
+        s.say(f"  {key:34} {shown}")
 
 
 # ---------------------------------------------------------------------------------------------------- statistics
@@ -670,6 +719,22 @@ def run_checks(ctx: Ctx, s: Summary) -> None:
             s.say(f"{k.removesuffix('.status')}: {v}")
 
 
+def missing_wheels(wheels: list[Path]) -> list[Path]:
+    """The wheels whose distribution this interpreter lacks (gpu_check.sh unpacks only those: a carried copy of a
+    package the machine has would shadow the image's own, PYTHONPATH coming before site-packages)."""
+    import importlib.metadata as md
+    import re
+
+    out = []
+    for wheel in wheels:
+        dist = re.sub(r"[-_.]+", "-", Path(wheel).name.split("-")[0]).lower()
+        try:
+            md.distribution(dist)
+        except md.PackageNotFoundError:
+            out.append(Path(wheel))
+    return out
+
+
 def record_tests(out: Path, log: Path, rc: int, reason: str | None = None) -> None:
     """gpu_check.sh: the gpu-marked tests' outcome into summary.json (their last line, or why they did not run)."""
     path = out / "summary.json"
@@ -704,7 +769,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests-skipped", default=None, help="why the gpu-marked tests do not run (gpu_check.sh)")
     ap.add_argument("--record-tests", nargs=2, metavar=("LOG", "RC"), default=None)
     ap.add_argument("--tests-not-run", default=None, metavar="REASON", help="gpu_tests: why they did not run")
+    ap.add_argument("--missing-wheels", nargs="*", default=None, metavar="WHEEL",
+                    help="print the wheels whose distribution is not installed here (gpu_check.sh), then exit")
     args = ap.parse_args(argv)
+    if args.missing_wheels is not None:
+        print("\n".join(str(w) for w in missing_wheels([Path(w) for w in args.missing_wheels])))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.record_tests or args.tests_not_run:
         log, rc = args.record_tests or ("", "0")
@@ -721,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         module, _, fn = inject.partition(":")
         ctx.fake = str(getattr(importlib.import_module(module), fn)())
         ctx.device = "cpu"
+    print_plan(s)  # what the borrowed GPU machine can run at all, and why not the rest
     run_checks(ctx, s)
     s.write()
     s.say(f"verdict: {json.loads(s.path.read_text())['verdict']}  ({s.path})")
