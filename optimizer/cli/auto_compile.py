@@ -58,6 +58,7 @@ def prepare_model_recipe(model: str, device: str, out_dir: Path | None = None, n
     its path. A recipe.yaml there that auto did not write, or one edited since, is never overwritten: that is one
     error line saying to run it instead. measure: the compile will measure, so a target this machine cannot run
     is that error line before anything is written."""
+    from optimizer.core.markup import one_line
     from optimizer.engine.rundir import check_run_folder, write_text
     from optimizer.recipe.auto import RERUN, recipe_for_model
 
@@ -80,5 +81,5 @@ def prepare_model_recipe(model: str, device: str, out_dir: Path | None = None, n
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OptimizerError(f"{run_dir}: cannot create the run folder ({e.strerror or e})") from None
-    write_text(path, with_checksum(text.replace(f"`{RERUN}`", f"`{rerun}`", 1)))
+    write_text(path, with_checksum(text.replace(f"`{RERUN}`", f"`{one_line(rerun)}`", 1)))
     return path

@@ -137,8 +137,6 @@ def _ran_on_inputs(traceback: str) -> bool:
 
 
 def _yaml(data: dict[str, Any]) -> str:
-    import yaml
+    from optimizer.core.markup import yaml_document
 
-    return "# written by `optimizer compare`; `optimizer compile` on it reruns the comparison\n" + yaml.safe_dump(
-        data, sort_keys=False
-    )
+    return yaml_document(data, ["written by `optimizer compare`; `optimizer compile` on it reruns the comparison"])

@@ -4,6 +4,7 @@ alone and writes nothing."""
 
 from __future__ import annotations
 
+from optimizer.core.markup import md_inline
 from optimizer.core.metrics import StageMetrics
 from optimizer.measure.denormal_probe import PENALTY_FLOOR
 from optimizer.report.explain import markdown as explain_markdown
@@ -75,14 +76,14 @@ def to_markdown(report: RunReport) -> str:
         lines.append("| " + " | ".join(h for _, h in cols) + " |")
         lines.append("|" + "---|" * len(cols))
         for row in stage_rows(r, scen.name):
-            lines.append("| " + " | ".join(row[k].replace("|", "/") for k, _ in cols) + " |")
+            lines.append("| " + " | ".join(md_inline(row[k]) for k, _ in cols) + " |")
         lines.append("")
     note = tail_note(r)
     if note:
         lines += [note, ""]
     lines += tpot_lines(r)
     if r.best is not None:
-        lines += [f"**Best stage**: {r.best.why}.", ""]
+        lines += [f"**Best stage**: {md_inline(r.best.why)}.", ""]
         lines += scenario_best_markdown(r)
     if len(r.scenarios) > 1:
         head, rows = scenario_summary(r)
@@ -93,7 +94,7 @@ def to_markdown(report: RunReport) -> str:
                 "| " + " | ".join(head) + " |",
                 "|" + "---|" * len(head),
             ]
-            + ["| " + " | ".join(row) + " |" for row in rows]
+            + ["| " + " | ".join(md_inline(c) for c in row) + " |" for row in rows]
             + [""]
         )
     sweep = r.batch_sweep
@@ -108,15 +109,16 @@ def to_markdown(report: RunReport) -> str:
             f"| {x.batch} | {x.p50_ms:.2f} | {x.p99_ms:.2f} | {x.samples_per_s:.1f} | {x.memory_growth_mb:.0f} |"
             for x in sweep.rows
         ]
-        lines += [f"| {x.batch} | skipped: {x.reason} | | | |" for x in sweep.skipped or []]
-        lines += ["", f"Recommendation: {sweep.why}", ""]
+        lines += [f"| {x.batch} | skipped: {md_inline(x.reason)} | | | |" for x in sweep.skipped or []]
+        lines += ["", f"Recommendation: {md_inline(sweep.why)}", ""]
     if r.findings:
-        lines += ["## Findings", ""] + [f"- {f}" for f in r.findings] + [""]
+        lines += ["## Findings", ""] + [f"- {md_inline(f)}" for f in r.findings] + [""]
     lines += explain_markdown(r)
     lines += ["## Stages", ""]
     for st in r.stages:
         lines.append(f"### {st.index:02d} {st.name} ({st.type})")
-        lines.append(f"- status: {status_cell(st)}; folder: `{st.folder or '-'}`; parent: {st.parent or '-'}")
+        status = md_inline(status_cell(st))
+        lines.append(f"- status: {status}; folder: `{st.folder or '-'}`; parent: {st.parent or '-'}")
         if st.metrics is not None:
             lines += _metrics_lines(st.metrics)
         if st.pass_seconds is not None:
@@ -142,10 +144,10 @@ def scenario_best_markdown(report: RunReport) -> list[str]:
         name = f"`{w.stage}` (keep stage 0)" if w.keep_source else f"`{w.stage}`"
         # the rule's sentence past its first clause (ties, rejections), or why PyTorch is kept
         note = w.why if w.keep_source else (w.why.split("; ", 1)[1] if "; " in w.why else "-")
-        lines.append(f"| {scen} | {name} | {w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f}) | {note.replace('|', '/')} |")
+        lines.append(f"| {scen} | {name} | {w.ratio:.2f}x ({w.low:.2f}-{w.high:.2f}) | {md_inline(note)} |")
     lines.append("")
     if best.advice:
-        lines += [f"**Per scenario**: the winners differ: {best.advice}. "
+        lines += [f"**Per scenario**: the winners differ: {md_inline(best.advice)}. "
                   "`optimizer export RUN --stage best --scenario NAME` exports a scenario's winner.", ""]
     return lines
 
@@ -153,7 +155,7 @@ def scenario_best_markdown(report: RunReport) -> list[str]:
 def _metrics_lines(m: StageMetrics) -> list[str]:
     lines = []
     if m.runtime:
-        lines.append(f"- runtime: {m.runtime}")
+        lines.append(f"- runtime: {md_inline(m.runtime)}")
     if m.graph is not None and m.graph.present:
         per = "decode step" if m.workload == "generation" else "call"
         graph = "prefill graph" if m.workload == "generation" else "graph"
@@ -168,8 +170,8 @@ def _metrics_lines(m: StageMetrics) -> list[str]:
             f" MB, above {mem.runtime_mb:.0f} MB of runtime; in-process growth was {mem.inline_mb:.0f} MB"
         )
     elif mem is not None:
-        lines.append(f"- host memory (in-process growth): {m.memory_mb:.0f} MB {mem.reason or ''}".rstrip())
+        lines.append(f"- host memory (in-process growth): {m.memory_mb:.0f} MB {md_inline(mem.reason or '')}".rstrip())
     if m.budget:
         verdict = "within budget" if m.within_budget else "REJECTED"
-        lines.append(f"- accuracy: {m.budget} ({verdict}{', at the edge' if m.budget_edge else ''})")
+        lines.append(f"- accuracy: {md_inline(m.budget)} ({verdict}{', at the edge' if m.budget_edge else ''})")
     return lines
