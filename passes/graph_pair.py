@@ -13,9 +13,10 @@ def graph_pair(artifact: Artifact, ctx: PassContext, layers: int) -> Artifact:
     from optimizer.runtime import onnx_io
 
     tmp = {part: ctx.stage_dir / f"{part}.tmp.onnx" for part in ("prefill", "decode")}
-    shared = onnx_io.save_shared({f"{part}.onnx": onnx_io.load(path) for part, path in tmp.items()}, ctx.stage_dir)
-    for path in tmp.values():
-        path.unlink()
+    shared = onnx_io.save_shared({f"{part}.onnx": path for part, path in tmp.items()}, ctx.stage_dir)
+    for path in tmp.values():  # with the side files the exporter wrote for graphs past 2 GB (name.tmp.onnx.data)
+        for f in ctx.stage_dir.glob(path.name + "*"):
+            f.unlink()
     return artifact.derive(
         kind="onnx",
         path=ctx.stage_dir / "prefill.onnx",

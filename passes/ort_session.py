@@ -113,8 +113,11 @@ class OrtSessionPass(Pass[OrtSessionConfig]):
         assert artifact.path is not None
         # Same graphs, new folder: every stage folder holds a complete, deployable artifact (for a generation
         # artifact: the prefill graph as model.onnx, the decode graph and the shared weights under their names,
-        # which the graphs reference; a source's external data where its graph names it).
-        model_path = artifact.copy_to(ctx.stage_dir, "model.onnx").path
+        # which the graphs reference; a source's external data where its graph names it). The weights are hard
+        # links to the input's when the input is a stage of this run (same bytes, no second copy on disk); a
+        # user's own file (an ONNX source) is copied, so that editing it in place cannot reach the run folder.
+        in_run = ctx.stage_dir.resolve().parent in artifact.path.resolve().parents
+        model_path = artifact.copy_to(ctx.stage_dir, "model.onnx", link_data=in_run).path
         assert model_path is not None
         runtime = session_runtime(cfg)
         if "disabled_optimizers" in runtime:  # added to what an earlier stage disabled (fuse's kernel choice)
@@ -141,12 +144,29 @@ class OrtSessionPass(Pass[OrtSessionConfig]):
         from optimizer.runtime.sessions import ort_session
 
         optimized = ctx.stage_dir / name
+        weights = sum(f.stat().st_size for f in out.files() if f.suffix != ".onnx" and f.is_file())
+        large = weights >= KEEP_OPTIMIZED_BELOW
+        # Past protobuf's 2 GB the optimized graph can only be written with its weights in a side file; past
+        # KEEP_OPTIMIZED_BELOW it is read for its op histogram and removed: a copy of the weights in another
+        # layout, for a histogram, is not worth gigabytes of disk.
+        config = {"session.optimized_model_external_initializers_file_name": name + ".data",
+                  "session.optimized_model_external_initializers_min_size_in_bytes": "1024"} if large else None
         try:
-            ort_session(src, out.runtime, target_threads(ctx.recipe), optimized_path=str(optimized))
+            session = ort_session(src, out.runtime, target_threads(ctx.recipe), optimized_path=str(optimized),
+                                  config=config)
+            del session  # its weights freed before the next graph's session loads
         except OptimizerError as e:
             raise PassError(f"onnxruntime could not optimize the graph: {e}") from e
         hist = onnx_io.op_histogram(optimized)
-        return {"file": optimized.name, "nodes": sum(hist.values()), "op_types": hist}
+        if not large:
+            return {"file": optimized.name, "nodes": sum(hist.values()), "op_types": hist}
+        for f in (optimized, ctx.stage_dir / (name + ".data")):
+            f.unlink(missing_ok=True)
+        return {"file": None, "nodes": sum(hist.values()), "op_types": hist,
+                "not_kept": f"weights of {weights / 2**30:.1f} GiB: the optimized graph was read and removed"}
+
+
+KEEP_OPTIMIZED_BELOW = 512 * 2**20  # weights bytes past which ORT's optimized graph is not kept in the stage
 
 
 def session_runtime(cfg: OrtSessionConfig) -> dict[str, Any]:

@@ -155,10 +155,9 @@ class PassContext:
         return [feed for sf in self.feeds for feed in sf.samples]
 
 
-def timing_key(recipe: Recipe) -> dict[str, Any]:
-    """The cache-key part of a pass whose choices are timed (fuse's kernel choice, the hybrid's ladder): a choice
-    holds for the target (threads) and benchmark settings it was timed with."""
-    return {"target": recipe.target.model_dump(mode="json"), "benchmark": recipe.benchmark.model_dump(mode="json")}
+# What a pass whose choices are timed (fuse's kernel choice, the hybrid's ladder) reads: a choice holds for the
+# target (threads) and benchmark settings it was timed with. In its recipe_reads; ctx.time requires them.
+TIMING_READS: tuple[str, ...] = ("target", "benchmark")
 
 
 @dataclass(frozen=True)
@@ -197,6 +196,10 @@ class Pass(ABC, Generic[ConfigT]):
 
     # Python modules the pass needs; a missing one makes the pass unavailable here, with that reason.
     requires: ClassVar[tuple[str, ...]] = ()
+    # The most memory the pass takes while it runs, in multiples of its input's weights (its input, its output
+    # and a working copy by default): a pass that would not fit the memory available is not run, with the reason,
+    # before it loads anything (engine.memory_plan).
+    memory_factor: ClassVar[float] = 3.0
     # Whether the pass handles generation artifacts (a prefill graph plus a decode graph). A pass that does not
     # would silently transform the prefill graph alone, so it declines them.
     handles_generation: ClassVar[bool] = False
@@ -218,9 +221,20 @@ class Pass(ABC, Generic[ConfigT]):
         before anything runs."""
         return None
 
+    # The recipe fields the pass reads beyond those every stage key holds (optimizer.recipe.reads.KEYED: the model,
+    # inputs, scenarios, target.device...), as dotted paths ("accuracy.min", "target", "benchmark"). Their values
+    # enter the stage key, and the pass's ctx.recipe answers nothing else (reads.RecipeView raises).
+    reads: ClassVar[tuple[str, ...]] = ()
+
+    def recipe_reads(self, recipe: Recipe) -> tuple[str, ...]:
+        """The recipe fields this pass, with its config, reads (default: `reads`). `recipe` answers only the fields
+        every key holds (target.device, workload...), for a pass whose reads depend on them."""
+        return self.reads
+
     def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
-        """What the output depends on beyond the config, the input and the feeds, for the cache key (a pass whose
-        choices are timed: the threads and benchmark settings they were timed with); None: nothing more."""
+        """What the output depends on beyond the config, the input, the feeds and the recipe fields it reads, for
+        the cache key: facts of this machine (the CPU's INT8 range); None: nothing more. `recipe` answers what
+        recipe_reads's does."""
         return None
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:

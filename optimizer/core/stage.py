@@ -101,6 +101,21 @@ class StageRecord:
             "bench_seconds": self.bench_seconds,
         }
 
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> StageRecord:
+        """The record `to_json` wrote (a stage worker's result, read back by the pipeline)."""
+        windows = d.get("pass_timed_windows")
+        return StageRecord(
+            index=d["index"], name=d["name"], type=d["type"], parent=d.get("parent"), status=d["status"],
+            reason=d.get("reason"), key=d.get("key"), folder=d.get("folder"),
+            artifact=Artifact.from_json(d["artifact"]) if d.get("artifact") else None,
+            measured_against=d.get("measured_against"), notes=dict(d.get("notes") or {}),
+            error_kind=d.get("error_kind"), traceback=d.get("traceback"), cache_note=d.get("cache_note"),
+            pass_timed_windows=[TimedWindow.model_validate(w) for w in windows] if windows else None,
+            metrics=dict(d.get("metrics") or {}), pass_seconds=d.get("pass_seconds"),
+            bench_seconds=d.get("bench_seconds"),
+        )
+
     def to_report(self) -> StageReport:
         """The stage as the report holds it (its metrics validated); chained speedups are the report's to add."""
         return StageReport.model_validate({**self.to_json(), "artifact": self.artifact})

@@ -19,13 +19,14 @@ from optimizer.core.metrics import StageMetrics
 from optimizer.core.pass_base import PassContext
 from optimizer.core.registry import pass_class
 from optimizer.core.stage import StageRecord
+from optimizer.engine import memory_plan, stage_cache
 from optimizer.engine import rundir as rd
-from optimizer.engine import stage_cache
 from optimizer.engine.reference_files import feeds_hash, load_reference, save_reference
 from optimizer.engine.triage import debug_from_env, is_our_bug
 from optimizer.measure.bench_slot import bench_slot, collect_windows
 from optimizer.measure.forward import MEASURE_VERSION, Reference, measure_stage
 from optimizer.measure.services import MeasureServices
+from optimizer.recipe.reads import key_part, restricted
 from optimizer.recipe.schema import SOURCE_STAGE, Recipe, recipe_dict
 from optimizer.runtime.inputs import build_feeds
 from optimizer.runtime.runners import runner_reason
@@ -87,6 +88,7 @@ class Pipeline:
             self.run.release()
             raise
         self.feeds_key = feeds_hash(self.feeds)
+        self.isolated = memory_plan.isolate(self.recipe, memory_plan.source_bytes(self.recipe))
         self._calibrate("before_ms")
         stop_reason: str | None = None
         current: StageRecord | None = None
@@ -97,10 +99,11 @@ class Pipeline:
                     rec.status, rec.reason = "not run", stop_reason
                     continue
                 self.events.stage_start(rec)
-                self._stage(rec)
+                died = self._run_stage(rec)
                 self.events.stage_end(rec)
                 self._notify()
-                if rec.status == "failed" and (rec.index == 0 or self.recipe.on_failure == "stop"):
+                # a worker killed for memory or crashed is the machine's limit, not the recipe's: the rest runs
+                if rec.status == "failed" and (rec.index == 0 or (self.recipe.on_failure == "stop" and not died)):
                     stop_reason = f"stage {rec.name!r} failed (on_failure: {self.recipe.on_failure})"
             if not stop_reason and self.measure and self.recipe.batch_sweep and self.recipe.workload == "forward":
                 self._sweep()
@@ -169,6 +172,35 @@ class Pipeline:
     def _progress(self, rec: StageRecord) -> Any:
         return lambda what, done, total: self.events.stage_progress(rec, what, done, total)
 
+    def _run_stage(self, rec: StageRecord) -> bool:
+        """Run the stage here, or in a worker process (engine.stage_worker) when the run is isolated. Returns
+        whether its worker died (killed for memory, crashed): the stage is then failed with that cause."""
+        if not getattr(self, "isolated", False):
+            self._stage(rec)
+            return False
+        from optimizer.engine.stage_worker import WorkerDied, run_in_worker
+
+        try:
+            filled = run_in_worker(self, rec)
+        except WorkerDied as e:
+            rec.status, rec.reason = "failed", e.reason
+            shutil.rmtree(self.run.building_dir(rec.index, rec.name), ignore_errors=True)  # never kept half-built
+            if rec.index > 0:
+                self._pass_through(rec)
+            return True
+        rec.__dict__.update(filled.__dict__)
+        self.reference = None  # the worker may have written it (stage 0): read again from disk when needed
+        return False
+
+    def run_stage_here(self, rec: StageRecord) -> None:
+        """The stage in this process (what a stage worker runs)."""
+        self._stage(rec)
+
+    def _pass_through(self, rec: StageRecord) -> None:
+        """A stage that produced nothing passes its parent's artifact, and what it was measured against, on."""
+        parent = self.record(rec.parent or SOURCE_STAGE)
+        rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+
     def _stage(self, rec: StageRecord) -> None:
         try:
             if rec.index == 0:
@@ -189,8 +221,7 @@ class Pipeline:
                 raise  # a bug of ours: under tests and --debug it fails loudly, not as a stage
             self._failed(rec, e)
         if rec.status == "failed" and rec.index > 0:
-            parent = self.record(rec.parent or SOURCE_STAGE)
-            rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+            self._pass_through(rec)
 
     def _failed(self, rec: StageRecord, e: Exception) -> None:
         """Record the stage as failed with a one-line reason and its traceback (the stage's `traceback`)."""
@@ -219,6 +250,8 @@ class Pipeline:
             self.recipe.outputs,
             self.feeds_key,
             stage_cache.input_files_digest(self.recipe),
+            # the passes read the workload (recipe.reads.KEYED); left out at its default, so forward keys stay
+            *(["workload", self.recipe.workload] if self.recipe.workload != "forward" else []),
         )
         folder = self.run.stage_dir(0, rec.name)
         info = rd.read_json(folder / rd.STAGE_FILE) if self.use_cache else None
@@ -259,7 +292,10 @@ class Pipeline:
             rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
             return
         config = instance.config.model_dump(mode="json")
-        extras = instance.key_extras(self.recipe)  # e.g. fuse's kernel choice: the threads it was timed with
+        # what the pass reads of the recipe is in its key, and is all it may read (optimizer.recipe.reads)
+        keyed = restricted(self.recipe, (), who=f"pass {spec.type!r}")
+        reads = instance.recipe_reads(keyed)
+        extras = {**key_part(self.recipe, reads), **(instance.key_extras(keyed) or {})}
         rec.key = rd.content_hash(
             parent.key, spec.type, cls.version, config, self.feeds_key, self.recipe.target.device,
             *([extras] if extras else []),
@@ -279,9 +315,15 @@ class Pipeline:
             folder = self.run.place(cached, rec.index, rec.name)
             info = stage_cache.restore(rec, folder)
         else:
+            too_big = memory_plan.pass_reason(parent.artifact, cls.memory_factor)
+            if too_big:  # decided before the pass loads anything: the run goes on without this stage
+                rec.status, rec.reason = "skipped", too_big
+                rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+                return
             self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
             building = self.run.building_dir(rec.index, rec.name)
-            ctx = PassContext(self.recipe, rec.name, building, self.feeds, self.services, done, self._progress(rec))
+            view = restricted(self.recipe, reads, who=f"pass {spec.type!r}")
+            ctx = PassContext(view, rec.name, building, self.feeds, self.services, done, self._progress(rec))
             start = time.perf_counter()
             try:
                 with collect_windows() as windows:  # the pass's own timings (ctx.time), e.g. the hybrid search
@@ -352,6 +394,18 @@ class Pipeline:
         parent_artifact = against.artifact if against is not None else None
         if parent_artifact is not None and runner_reason(parent_artifact, self.recipe):
             parent_artifact = None  # the parent cannot run here: this stage is timed alone
+        from optimizer.measure.harness import instances_for
+
+        recipe = self.recipe
+        plan = memory_plan.measure_plan(rec.artifact, parent_artifact, instances_for(recipe.benchmark))
+        if plan.reason:  # decided before loading: built, kept, not measured on this machine
+            rec.reason = plan.reason
+            return
+        if not plan.with_parent:
+            parent_artifact = None
+        if plan.instances != instances_for(recipe.benchmark):
+            recipe = recipe.model_copy(update={"benchmark": recipe.benchmark.model_copy(
+                update={"instances": plan.instances})})
         measure_fn = measure_stage
         if self.recipe.workload == "generation":
             from optimizer.measure.generation import measure_generation_stage as measure_fn  # type: ignore[assignment]
@@ -361,7 +415,7 @@ class Pipeline:
             metrics, new_ref = measure_fn(
                 rec.artifact,
                 parent_artifact,
-                self.recipe,
+                recipe,
                 self.feeds,
                 self.reference if rec.index > 0 else None,
                 self._progress(rec),
@@ -373,6 +427,8 @@ class Pipeline:
         metrics["graph"] = graph_stats(rec.artifact)
         metrics["size_bytes"] = rec.artifact.size_bytes()
         metrics["timed_windows"] = [w.to_json() for w in windows]
+        if plan.note:  # why it was timed with less than the recipe asked: the memory there is
+            metrics["instance_note"] = plan.note
         StageMetrics.model_validate(metrics)  # what the report will read: a misfit is ours, found here
         rec.metrics = metrics
         if new_ref is not None and rec is source:

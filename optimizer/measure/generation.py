@@ -276,6 +276,8 @@ def measure_generation_stage(
     child_gens, parent_gens, twin_note = _load_generators(gen, artifact, parent, recipe)
     clock.lap("load")
     scenarios, load = _time_scenarios(child_gens, parent_gens, recipe, feeds, progress, label)
+    del child_gens, parent_gens  # the parent's sessions and the twins go as soon as the rounds end
+    gc.collect()
     clock.lap("time")
     runtime = {
         "runtime": "pytorch" if artifact.kind == "torch" else "onnxruntime",
@@ -286,6 +288,8 @@ def measure_generation_stage(
         **(gen.describe() if hasattr(gen, "describe") else {}),
     }
     prof = _profile(artifact, recipe, gen, feeds, scenarios, progress, label)
+    del gen  # the fresh-process memory probe loads the stage again: not beside this copy
+    gc.collect()
     clock.lap("profile")
     progress("measuring memory", 0, 0)
     memory_mb, memory = stage_memory(artifact, recipe, memory_mb)

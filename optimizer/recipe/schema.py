@@ -308,6 +308,12 @@ class Recipe(Strict):
     )
     batch_sweep: BatchSweepConfig | None = None
     on_failure: Literal["stop", "continue"] = "stop"
+    isolation: Literal["auto", "process", "inline"] = Field(
+        default="auto",
+        description="where each stage is built and measured: process (a worker process of its own, so a stage "
+        "killed for memory or crashing in native code is recorded as failed and the run goes on), inline (in "
+        "the compile's process), auto (process once the source model's weights reach 256 MiB)",
+    )
     seed: Seed = 0
     passes: list[PassSpec] = Field(default_factory=list)
 

@@ -88,8 +88,7 @@ def _missing_weights(folder: Path, cls: Any, info: dict[str, Any]) -> str | None
             f"the checkpoint is {', '.join(map(str, archs)) or 'of another class'}: set {hint}")
 
 
-def _from_config(source: HFConfigSource) -> torch.nn.Module:
-    import torch
+def _config_of(source: HFConfigSource) -> Any:
     import transformers
 
     config_cls = {
@@ -98,9 +97,24 @@ def _from_config(source: HFConfigSource) -> torch.nn.Module:
         "bert": transformers.BertConfig,
     }[source.architecture]
     try:
-        config = config_cls(**source.config)
+        return config_cls(**source.config)
     except TypeError as e:
         raise OptimizerError(f"model.config: {e}") from None
+
+
+def config_param_bytes(source: HFConfigSource) -> int:
+    """The FP32 bytes of the model an HF config builds, counted on PyTorch's meta device (nothing allocated)."""
+    import torch
+
+    with torch.device("meta"):
+        module = _auto_class(source.task).from_config(_config_of(source))
+    return sum(p.numel() * 4 for p in module.parameters())
+
+
+def _from_config(source: HFConfigSource) -> torch.nn.Module:
+    import torch
+
+    config = _config_of(source)
     torch.manual_seed(source.seed)
     extra = {"attn_implementation": source.attn_implementation} if source.attn_implementation else {}
     return _auto_class(source.task).from_config(config, **extra)

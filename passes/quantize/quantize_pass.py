@@ -33,14 +33,24 @@ class QuantizePass(Pass[QuantizeConfig]):
     requires = ("onnxruntime",)
     handles_generation = True
 
+    def recipe_reads(self, recipe: Recipe) -> tuple[str, ...]:
+        """The hybrid searches under the recipe's budget (accuracy.min, unless hybrid.min_cosine is set) on its
+        metric and output; the CPU hybrid times its ladder and candidates, so its choice holds for those settings
+        (the GPU hybrid's choice is untimed)."""
+        from optimizer.core.pass_base import TIMING_READS
+
+        cfg = self.config
+        if cfg.mode != "hybrid":
+            return ()
+        budget = ("accuracy.metric", "accuracy.output", *(("accuracy.min",) if cfg.hybrid.min_cosine is None else ()))
+        return (*budget, *(TIMING_READS if recipe.target.device == "cpu" else ()))
+
     def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
-        """The CPU hybrid times its ladder and candidates: its choice holds for those settings (the GPU hybrid's
-        choice is untimed); INT8 dynamic weights are 7-bit on x86 without VNNI, so the CPU fact is in the key."""
-        from optimizer.core.pass_base import timing_key
+        """INT8 dynamic weights are 7-bit on x86 without VNNI, so the CPU fact is in the key."""
         from optimizer.runtime.cpu_features import int8_reduce_range
 
         cfg = self.config
-        extras = dict(timing_key(recipe)) if cfg.mode == "hybrid" and recipe.target.device == "cpu" else {}
+        extras: dict[str, Any] = {}
         if cfg.mode in ("int8_dynamic", "hybrid") and int8_reduce_range()[0]:
             extras["int8_reduce_range"] = True  # 7-bit weights on this CPU: not the artifact a VNNI machine builds
         return extras or None
@@ -90,11 +100,16 @@ class QuantizePass(Pass[QuantizeConfig]):
         d = self._run_one(single.derive(path=decode), part)
         p = self._run_one(single, ctx)
         assert d.artifact.path is not None and p.artifact.path is not None
-        graphs = {p.artifact.path.name: onnx_io.load(p.artifact.path), "decode.onnx": onnx_io.load(d.artifact.path)}
-        shutil.rmtree(sub)
+        # the quantized graphs are read one at a time while saving (onnx_io.save_shared), from where they were
+        # written; the decode part's folder and the prefill's own files go once both are saved
+        tmp = ctx.stage_dir / "prefill_part"
+        tmp.mkdir()
         for f in p.artifact.files():
-            f.unlink()
+            f.rename(tmp / f.name)
+        graphs: dict[str, object] = {p.artifact.path.name: tmp / p.artifact.path.name, "decode.onnx": d.artifact.path}
         shared = onnx_io.save_shared(graphs, ctx.stage_dir)
+        shutil.rmtree(sub)
+        shutil.rmtree(tmp)
         out = p.artifact.derive(
             external_data=shared, decode="decode.onnx", layers=artifact.layers, decode_external_data=[]
         )
