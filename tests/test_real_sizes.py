@@ -147,3 +147,36 @@ def test_own_bytes_counts_a_linked_file_once(tmp_path: Path) -> None:
     c = tmp_path / "c"
     c.write_bytes(b"y" * 7)
     assert own_bytes([b, c], [a]) == 7 and own_bytes([a, b, c], []) == 107
+
+
+def test_the_plan_says_what_the_run_will_take_before_it_starts() -> None:
+    import yaml
+
+    data = yaml.safe_load((Path(__file__).parent.parent / "recipes" / "llama-cpu.yaml").read_text())
+    data["model"]["config"].update(num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
+                                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                   tie_word_embeddings=False)
+    recipe = parse_recipe(data, "<test>", Path(__file__).parent.parent / "recipes")
+    lines = memory_plan.run_plan(recipe, available=HEADROOM_BYTES + 8 * GIB)
+    assert lines[0] == "plan: 15 stages over a source of 2.3 GiB (FP32); each stage in a worker process of its own"
+    assert "more than the 8.0 GiB available: stages that do not fit step down" in lines[1]
+    assert lines[2].startswith("disk: at most about 21.1 GiB (8 stages write weights")
+
+
+def test_the_report_gives_each_stages_own_disk() -> None:
+    from optimizer.report.markdown import disk_line
+
+    class M:
+        def __init__(self, b: int | None) -> None:
+            self.own_bytes = b
+
+    class S:
+        def __init__(self, name: str, b: int | None) -> None:
+            self.name, self.metrics = name, M(b)
+
+    class R:
+        stages = [S("source", None), S("export", 3 * 2**30), S("no_spin", 4096)]
+
+    line = disk_line(R())  # type: ignore[arg-type]
+    assert line == ["- disk: 3072 MiB written by the measured stages: export 3072 MiB (a stage that links its "
+                    "input's weights adds only its graph)"]

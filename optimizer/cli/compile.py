@@ -201,6 +201,10 @@ def _compile_one(opts: Any, recipe: Path, r: Any, run_dir: Path, no_cache: bool,
 
     # Without --debug the pipeline keeps its own default (OPTIMIZER_DEBUG, which the test suite sets).
     debug = True if opts.debug else None
+    from optimizer.engine.memory_plan import run_plan
+
+    for line in run_plan(r):  # what the run will take, before it starts (from file sizes: nothing is loaded)
+        opts.out.print(line, highlight=False, markup=False)
     with ConsoleEvents(opts.out) as events:
         pipeline = Pipeline(r, run_dir, events, use_cache=not no_cache, measure=not no_bench, debug=debug,
                             workers=workers)

@@ -77,6 +77,8 @@ class ConsoleEvents:
         style = STATUS_STYLE.get(rec.status, "white")
         text = rec.status + (f": {rec.reason}" if rec.reason else "")
         self.progress.update(task, what=Text(text, style), completed=1, total=1)
+        if not self.console.is_terminal:  # a log file or a pipe sees no live display: one line a stage, as it ends
+            self.console.print(Text(f"{rec.index:02d} {rec.name}: {text}"), soft_wrap=True)
 
 
 def stage_tables(report: RunReport) -> list[Table]:

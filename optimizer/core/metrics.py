@@ -307,6 +307,7 @@ class StageMetrics(Facts):
     instance_note: str | None = None  # why the stage ran one session a side though benchmark.instances asked more
     graph: GraphFacts | None = None  # the graph as saved ({} for the PyTorch source)
     size_bytes: int | None = None  # bytes on disk (parameter bytes for the PyTorch source)
+    own_bytes: int | None = None  # of those, the bytes no earlier stage of the run has (hard links count once)
     timed_windows: list[TimedWindow] | None = None  # when and where this measurement held the bench slot
 
     @field_validator("machine_load", mode="before")

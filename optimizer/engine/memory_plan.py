@@ -139,3 +139,36 @@ def pass_reason(input_artifact: Artifact, factor: float, available: int | None =
         return None
     return (f"not run: it would need about {gib(need)} ({factor:g} x the input's {gib(weights_bytes(input_artifact))}"
             f" of weights), {gib(free)} available")
+
+
+# Passes that write weights of their own (the rest link or refer to their input's): the disk a run may take.
+WRITES_WEIGHTS = frozenset({"export", "quantize", "genai_build", "fuse", "openvino", "nncf_int8", "ort_transformers",
+                            "substitute", "tensorrt"})
+
+
+def run_plan(recipe: Recipe, available: int | None = None) -> list[str]:
+    """What a compile will take, said before it starts: the source's size, where stages run, the most memory a
+    stage's timing may need (and what is done when it does not fit), and the disk at most."""
+    source = source_bytes(recipe)
+    if source is None:
+        return []
+    free = (available_bytes() if available is None else available) - HEADROOM_BYTES
+    passes = recipe.passes
+    writers = sum(1 for p in passes if p.type in WRITES_WEIGHTS)
+    pair = 2 if recipe.workload == "generation" else 1  # a decoder's export: prefill and decode sessions
+    # the largest timing: two ONNX stages of the source's size a side each, `instances` a side
+    from optimizer.measure.harness import instances_for
+
+    instances = instances_for(recipe.benchmark)
+    need = int(instances * 2 * pair * source * SESSION_OVERHEAD)
+    where = "each stage in a worker process of its own" if isolate(recipe, source) else "stages in this process"
+    fit = "fits" if need <= free else (
+        f"more than the {gib(free)} available: stages that do not fit step down to one session a side, then "
+        "alone, then are not measured, each with the reason")
+    return [
+        f"plan: {len(passes) + 1} stages over a source of {gib(source)} (FP32); {where}",
+        f"memory: the largest timing needs about {gib(need)} ({instances} session(s) a side, stage and parent): "
+        f"{fit}",
+        f"disk: at most about {gib((writers + 1) * source)} ({writers} stages write weights; the rest link their "
+        "input's)",
+    ]

@@ -426,6 +426,11 @@ class Pipeline:
 
         metrics["graph"] = graph_stats(rec.artifact)
         metrics["size_bytes"] = rec.artifact.size_bytes()
+        if rec.artifact.path is not None:  # the disk this stage added: its files no earlier stage has (links)
+            from optimizer.core.artifact import own_bytes
+
+            earlier = [f for r in self.records[: rec.index] if r.artifact is not None for f in r.artifact.files()]
+            metrics["own_bytes"] = own_bytes(rec.artifact.files(), earlier)
         metrics["timed_windows"] = [w.to_json() for w in windows]
         if plan.note:  # why it was timed with less than the recipe asked: the memory there is
             metrics["instance_note"] = plan.note

@@ -56,6 +56,17 @@ def denormal_line(report: RunReport) -> list[str]:
     return [f"- denormal floats: this CPU multiplies them {penalty:.1f}x as slowly as normal ones; {what}."]
 
 
+def disk_line(r: RunReport) -> list[str]:
+    """The run's disk, stage by stage: each measured stage's own bytes (hard-linked weights count once)."""
+    own = [(s.name, s.metrics.own_bytes) for s in r.stages if s.metrics and s.metrics.own_bytes is not None]
+    if not own:
+        return []
+    total = sum(b for _, b in own)
+    big = ", ".join(f"{md_inline(n)} {b / 2**20:.0f} MiB" for n, b in own if b >= 2**20)
+    return [f"- disk: {total / 2**20:.0f} MiB written by the measured stages{': ' + big if big else ''} "
+            "(a stage that links its input's weights adds only its graph)"]
+
+
 def to_markdown(report: RunReport) -> str:
     r = report
     lines = [
@@ -68,6 +79,7 @@ def to_markdown(report: RunReport) -> str:
         "- `~1.01x`: within noise (the confidence interval of the interleaved ratio includes 1.0).",
         *instance_line(r),
         *denormal_line(r),
+        *disk_line(r),
         "",
     ]
     for scen in r.scenarios:
