@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from optimizer.cli.options import echo, error_line, fail, options, styled
+from optimizer.cli.options import echo, error_line, fail, options, styled, warning_line
 from optimizer.core.errors import OptimizerError
 from optimizer.core.jsonio import strict_json_dumps
 
@@ -142,8 +142,11 @@ def export_(
         sys.stderr.flush()
         os._exit(130)
     interrupts.ignore()
-    written = json.loads((root / "manifest.json").read_text()).get("format", fmt)
-    opts.out.print(styled(("exported", "green"), f" {root} ({written})"))
+    manifest = json.loads((root / "manifest.json").read_text())
+    opts.out.print(styled(("exported", "green"), f" {root} ({manifest.get('format', fmt)})"))
+    budget = manifest.get("accuracy_budget") or {}
+    if budget.get("within") is False:
+        opts.err.print(warning_line(f"stage {manifest.get('stage')}: {budget.get('verdict')}"), soft_wrap=True)
 
 
 @app.command()

@@ -64,6 +64,16 @@ def _precision(stage: StageReport) -> dict[str, Any]:
     return {"mode": "fp32"}
 
 
+def _budget(metrics: Any) -> dict[str, Any] | None:
+    """The stage's verdict against the recipe's accuracy budget, as the report has it: a bundle of a stage outside
+    it (exported by name) says REJECTED where its reader looks, the manifest."""
+    if metrics is None or not metrics.budget:
+        return None
+    verdict = (f"within the accuracy budget ({metrics.budget})" if metrics.within_budget
+               else f"REJECTED: outside the accuracy budget ({metrics.budget}); exported because it was named")
+    return {"within": bool(metrics.within_budget), "edge": bool(metrics.budget_edge), "verdict": verdict}
+
+
 def export_bundle(
     report: RunReport,
     stage_name: str,
@@ -265,6 +275,7 @@ def _write_manifest(
             s: m.to_json(exclude={"samples_ms"}) for s, m in (metrics.scenarios if metrics is not None else {}).items()
         },
         "accuracy_vs_stage_0": ({n: a.to_json() for n, a in metrics.accuracy.items()} if metrics is not None else None),
+        "accuracy_budget": _budget(metrics),
         "recipe": report.recipe.to_json(),
     }
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)

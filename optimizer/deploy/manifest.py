@@ -258,8 +258,11 @@ def reference_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
     try:
         with zipfile.ZipFile(path) as z:
             keys = {n.removesuffix(".npy") for n in z.namelist()}
-    except (OSError, zipfile.BadZipFile) as e:
+            pickled = [n.removesuffix(".npy") for n in z.namelist() if _holds_objects(z, n)]
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
         return [f"{REFERENCE}: not readable ({e})"]
+    if pickled:  # numpy would unpickle them only if asked (it never is): refused from the header alone
+        return [f"{REFERENCE}: {pickled[0]!r} holds pickled Python objects, not an array (refused, never loaded)"]
     scenarios = sorted({split_key(k)[0] for k in keys})
     if not scenarios:
         return [f"{REFERENCE}: holds no scenario"]
@@ -272,6 +275,17 @@ def reference_problems(root: Path, manifest: dict[str, Any]) -> list[str]:
         want = [reference_key(s, part, name) for s in scenarios for part, name in tensors]
     missing = [k for k in want if k not in keys]
     return [f"{REFERENCE}: no {missing[0]!r} (the reference lacks a tensor the manifest names)"] if missing else []
+
+
+def _holds_objects(z: zipfile.ZipFile, name: str) -> bool:
+    """Whether the .npy member's header declares an object dtype (its data a pickle), read without the data."""
+    from numpy.lib import format as npy
+
+    with z.open(name) as f:
+        version = npy.read_magic(f)
+        read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        _, _, dtype = read(f)  # the header only
+    return bool(dtype.hasobject)
 
 
 def load_bundle(root: Path) -> dict[str, Any]:
