@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
-oldest=$(python -c "import re,tomllib;d=tomllib.load(open('pyproject.toml','rb'))['project']['dependencies'];print(next(re.search(r'>=([0-9.]+)',x).group(1) for x in d if x.startswith('transformers')))")
+# The floor as pyproject declares it ("transformers>=X"), read without tomllib so this runs on Python 3.10 too.
+oldest=$(python -c "import re;print(re.search(r'\"transformers>=([0-9.]+)', open('pyproject.toml').read()).group(1))")
 target=.transformers-oldest
 if [ "$(PYTHONPATH=$target python -c 'import transformers;print(transformers.__version__)' 2>/dev/null)" != "$oldest" ]; then
   rm -rf "$target"

@@ -392,7 +392,7 @@ def test_hybrid_keeps_exactly_the_sensitive_matmuls_in_fp32(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_diff_of_identical_runs_is_within_noise_and_a_slowed_pass_is_caught(tmp_path: Path) -> None:
     """A/A on two real compiles of an ONNX chain (calls of about a millisecond), then one pass's interleaved ratio
-    made 3x worse. The main job's own A/A, in separate processes, is scripts/aa_diff.py."""
+    made 3x worse. The main job's own A/A, in separate processes, is benchmarks/aa_diff.py."""
     from optimizer.report.build import build_report
     from optimizer.report.diff import diff_reports, regressions
     from optimizer.report.diff import to_markdown as diff_markdown

@@ -7,7 +7,7 @@ session's worker threads keep spinning after its last call (ONNX Runtime spins),
 next 25-40 ms of the new side's calls 2.5x slower (MiniLM at natural lengths, 3 ms calls); that contention
 belongs to neither stage. One untimed call alone, as before, settled 17 ms calls but not 3 ms ones. Each call
 is timed alone with perf_counter_ns around `run`, which is all the
-harness adds to a bare loop (scripts/bench_harness_overhead.py measures that).
+harness adds to a bare loop (benchmarks/bench_harness_overhead.py measures that).
 
 `interleave` is the one loop that does all this, for every workload: a side is an adapter that settles an
 instance and times a round (`CallsSide`: calls of a session, host and GPU time; measure.generation's
@@ -22,7 +22,7 @@ the interleaved ratio still compares like with like.
 
 Two sessions of one artifact are not equally fast: identical ONNX Runtime sessions of a sub-millisecond model
 differed by up to 7.5% here over 40 rounds (paired 95% interval 1.01-1.16; 2.5% for 20 ms MiniLM calls;
-scripts/bench_instances.py), a property of the session (where its weights and arena landed), not of the pass.
+benchmarks/bench_instances.py), a property of the session (where its weights and arena landed), not of the pass.
 One instance per side would put that into the pass's ratio with a narrow interval, so each side can carry twins
 (more instances of the same artifact), taken in turn by pairs of rounds (both orders each; `instance_for`),
 and `stats.instance_variance` reads the instance spread off the rounds.

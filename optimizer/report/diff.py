@@ -33,7 +33,7 @@ from optimizer.report.timings import require_timings
 
 MIN_EFFECT = 0.02  # between-run differences smaller than this are within noise, whatever the intervals say
 # The between-run move of a ratio is never taken below this (log): with few passes the estimate is poor, and on
-# the test machine identical code moved pass ratios 5-30% between runs (scripts/aa_diff.py).
+# the test machine identical code moved pass ratios 5-30% between runs (benchmarks/aa_diff.py).
 MIN_BETWEEN_RUNS = 0.03
 Z95 = 1.96  # the in-run intervals stored in the reports are 95% each
 

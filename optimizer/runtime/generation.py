@@ -155,7 +155,7 @@ class TorchGenerator:
 
 class OrtGenerator:
     """The same loop over two ONNX Runtime sessions; the cache goes back in as numpy arrays each step. On the CPU
-    IO binding is no faster (scripts/bench_generation_layout.py), so the CPU keeps this plain path."""
+    IO binding is no faster (benchmarks/bench_generation_layout.py), so the CPU keeps this plain path."""
 
     def __init__(self, prefill: Any, decode: Any, layers: int) -> None:
         self.prefill, self.decode, self.names = prefill, decode, cache_names(layers)

@@ -19,7 +19,7 @@ runtime, which later stages and bundles inherit, or ORT would make the fusion ag
 Measured on MiniLM's FP32 fuse stage at b1-s128 (optimizer compile recipes/minilm-cpu.yaml): kernels 1.69 ms
 with the rule against 0.92 ms without; the whole graph without it 1.03x (1.01-1.07), and 1.06x (0.97-1.16) in
 another run (ten rounds cannot always exclude a tie where under 1 ms of 17 is at stake, which is why the profile
-decides); the INT8 graphs built on it ran 2.72-2.82x the FP32 session instead of 2.34x (scripts/bench_quantize.py).
+decides); the INT8 graphs built on it ran 2.72-2.82x the FP32 session instead of 2.34x (benchmarks/bench_quantize.py).
 """
 
 from __future__ import annotations

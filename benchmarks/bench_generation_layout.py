@@ -7,7 +7,10 @@
 Times are medians of interleaved generations (A, B, A, B...), so drift hits both sides alike. The stage is built
 if missing (nothing measured).
 
-    python scripts/bench_generation_layout.py [--recipe recipes/gpt2-cpu.yaml] [--runs 20]
+    python benchmarks/bench_generation_layout.py [--recipe recipes/gpt2-cpu.yaml] [--runs 20]
+
+Question: one shared weights file against weights per graph, and the numpy loop against IO binding.
+Written up in: docs/generation.md (the workload).
 """
 
 from __future__ import annotations

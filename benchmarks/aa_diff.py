@@ -4,7 +4,10 @@ for every stage (exit 0 with --fail-on-regression 5); then a third compile with 
 
 Each compile runs in its own process, as a user's would. Writes everything under --out (default runs/aa).
 
-    python scripts/aa_diff.py [--out runs/aa] [--recipe recipes/minilm-cpu.yaml] [--reuse]
+    python benchmarks/aa_diff.py [--out runs/aa] [--recipe recipes/minilm-cpu.yaml] [--reuse]
+
+Question: whether `optimizer diff` reads two compiles of one job as within noise and catches a pass slowed on purpose.
+Written up in: docs/workflows.md#diff-history-bundles.
 """
 
 from __future__ import annotations

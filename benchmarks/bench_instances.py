@@ -2,10 +2,13 @@
 timed in turn round by round (the harness's interleaved_rounds, order flipped every round), each against the
 first with a paired bootstrap interval over rounds. The reason `benchmark.instances` exists (measure.harness).
 
-    python scripts/bench_instances.py MODEL.onnx [--batch 1] [--seq 128] [--rounds 40] [--sessions 4]
+    python benchmarks/bench_instances.py MODEL.onnx [--batch 1] [--seq 128] [--rounds 40] [--sessions 4]
 
 Inputs come from the model's own input list: integer inputs are ones of [batch, seq], float inputs random
 [batch, <its last dim>] (or [batch, seq] when that dim has no size).
+
+Question: how much sessions of one artifact differ in speed (why `benchmark.instances` is 2).
+Written up in: docs/measurement.md (attribution against the parent).
 """
 
 from __future__ import annotations

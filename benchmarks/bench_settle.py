@@ -4,7 +4,10 @@ Two sessions of a compiled run (the FP32 ORT session and the fused graph) on b1-
 calls, then after a pause of 0 / 2 / 10 / 50 / 200 ms the child runs 10 timed calls; medians per call position
 over 10 repeats. Compile the main job first.
 
-    python scripts/bench_settle.py [runs/minilm-cpu]
+    python benchmarks/bench_settle.py [runs/minilm-cpu]
+
+Question: how long ONNX Runtime's spinning threads slow the other session (why `settle_ms` is 50).
+Written up in: docs/measurement.md (the harness).
 """
 
 from __future__ import annotations

@@ -3,12 +3,15 @@
 Each command runs --runs times in a fresh process; prints median, min and max per command. --prefix is the
 command that starts the CLI, so an older checkout can be measured the same way:
 
-    python scripts/bench_cli_start.py                      # this tree, through `python -m optimizer`
-    cd /tmp/base && PYTHONPATH=/tmp/base python /work/main/scripts/bench_cli_start.py \\
+    python benchmarks/bench_cli_start.py                      # this tree, through `python -m optimizer`
+    cd /tmp/base && PYTHONPATH=/tmp/base python /work/main/benchmarks/bench_cli_start.py \\
         --recipe /tmp/base/recipes/minilm-cpu.yaml --prefix "python -c 'from optimizer.cli import main; main()'"
 
 (the commands run in the current folder, which `python -c` and `-m` put first on sys.path: run an older
 checkout from its own folder.) The machine's load moves these numbers: compare runs made back to back.
+
+Question: how long the command line takes from process start to exit (`--help`, `validate`).
+Written up in: docs/architecture.md (start-up).
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ from the one before with the same settings (same graph, same session options), s
 (at 95%, about 5% of the judgements would be by chance alone). Before generation timing settled the switch
 between sides (as forward timing does), a stage timed right after its parent paid for the parent's spinning pool.
 
-    python scripts/aa_generation.py [--out runs/aa_generation] [--runs 2] [--copies 3]
+    python benchmarks/aa_generation.py [--out runs/aa_generation] [--runs 2] [--copies 3]
+
+Question: how many false verdicts generation stages that change nothing get.
+Written up in: docs/measurement.md (the harness).
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ One ONNX Runtime session, two ways of timing it, interleaved block by block in o
   bare:    a plain loop of perf_counter() around session.run(None, feed).
 Prints both P50s and their difference; the goal is a harness P50 within 3% of the bare loop's.
 
-    python scripts/bench_harness_overhead.py [--recipe R.yaml] [--model runs/minilm-cpu/02-ort_session/model.onnx]
+    python benchmarks/bench_harness_overhead.py [--recipe R.yaml] [--model runs/minilm-cpu/02-ort_session/model.onnx]
+
+Question: how much the harness adds to the latency it measures.
+Written up in: docs/measurement.md (harness overhead).
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ All three run in ONNX Runtime on the CPU with session optimizations on (level al
 config with 2048 positions and random weights: MiniLM itself stops at 512). The sessions take turns round by
 round, so machine drift falls on all three alike.
 
-    python scripts/bench_fusion.py [--rounds 8] [--out runs/bench-fusion]
+    python benchmarks/bench_fusion.py [--rounds 8] [--out runs/bench-fusion]
+
+Question: how our `fuse` compares with ORT's transformers optimizer and the unfused graph at s128, s512 and s2048.
+Written up in: docs/fusion.md.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def main() -> None:
     args = ap.parse_args()
     recipe = load_recipe("recipes/minilm-fusion.yaml")
     raw = yaml.safe_load(Path("recipes/minilm-fusion.yaml").read_text())
-    long = parse_recipe(long_recipe(raw), "scripts/bench_fusion.py", Path("recipes").resolve())
+    long = parse_recipe(long_recipe(raw), "benchmarks/bench_fusion.py", Path("recipes").resolve())
     out = Path(args.out)
     print(
         "| scenario | unfused P50 ms | ORT optimizer P50 ms | ours P50 ms | ours vs unfused | ours vs ORT optimizer |"

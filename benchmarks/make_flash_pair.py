@@ -7,10 +7,13 @@ was unfused, INT8, and 2.1x slower), from all-MiniLM-L6-v2 through our own passe
 
 Then compare them under one harness:
 
-    python scripts/make_flash_pair.py --out runs/flash-pair
+    python benchmarks/make_flash_pair.py --out runs/flash-pair
     optimizer compare runs/flash-pair/base.onnx runs/flash-pair/flash.onnx --scenario batch=1,seq=128
 
 The stages are built with the pipeline (nothing measured; cached in OUT/build, so a rerun takes seconds).
+
+Question: whether `optimizer compare` names the op types behind the seeds' 2.1x slower model.
+Written up in: docs/workflows.md#comparing-two-models-optimizer-compare.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 (reduce_range) weights, per tensor and per channel, each output's cosine against FP32, in one process.
 
 On x86 without VNNI the 8-bit rows lose accuracy (u8s8 kernels saturate); `optimizer` then picks 7-bit weights
-(optimizer/runtime/cpu_features.py). Usage: python scripts/int8_reduce_range_check.py [--out DIR]
+(optimizer/runtime/cpu_features.py). Usage: python benchmarks/int8_reduce_range_check.py [--out DIR]
+
+Question: whether 8-bit INT8 weights lose accuracy on x86 without VNNI, and 7-bit (reduce_range) ones do not.
+Written up in: docs/quantization.md#int8-on-x86-without-vnni.
 """
 
 from __future__ import annotations

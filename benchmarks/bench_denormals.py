@@ -9,7 +9,10 @@ denormals kept, against that gap with them flushed, is what denormals cost. Each
 rounds (every session of every column in turn, settled at each switch); "flushed gain" is default / flushed on
 the same input, with its 95% bootstrap interval over rounds.
 
-    python scripts/bench_denormals.py runs/minilm-cpu [--stage int8_dynamic --stage export] [--rounds 12]
+    python benchmarks/bench_denormals.py runs/minilm-cpu [--stage int8_dynamic --stage export] [--rounds 12]
+
+Question: whether padded inputs run slower from denormal floats on this CPU, and whether flushing them helps.
+Written up in: docs/measurement.md#denormals.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ the first run's ort_session stage (the export with ORT's own optimizations on: t
 is the export stage as it was written. Accuracy is from each run's report.json: the budget's metric on the
 positions the attention mask keeps, against stage 0, on held-out sentences (calibration takes others).
 
-    python scripts/bench_quantize.py runs/q1 runs/q2 [--scenario b1-s128 --scenario b1-s512] [--rounds 20]
+    python benchmarks/bench_quantize.py runs/q1 runs/q2 [--scenario b1-s128 --scenario b1-s512] [--rounds 20]
+
+Question: how fast each quantize stage is against the FP32 baselines, interleaved in one process.
+Written up in: docs/quantization.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
 """N recipes compiled serially and with `--workers W` (the local pool): wall times, whether any two timed windows
 overlapped on a host (from the reports), and whether both gave the same verdicts.
 
-    python scripts/bench_workers.py                      # 4 small CNN recipes (optimizer.runtime.zoo), workers 2
-    python scripts/bench_workers.py --recipes 2 --width 8  # the smallest setting: a check that it all works
+    python benchmarks/bench_workers.py                      # 4 small CNN recipes (optimizer.runtime.zoo), workers 2
+    python benchmarks/bench_workers.py --recipes 2 --width 8  # the smallest setting: a check that it all works
 
 Verdicts compared: each recipe's outcome, each stage's status, the best stage, and each stage's faster/slower
 verdict against its parent (a verdict "within noise" on one side and faster/slower on the other is reported as a
 flip; the noisy machine can cause it, a different status cannot). Exit code 1 when windows overlapped or statuses
 or outcomes differ.
+
+Question: whether `--workers` gives a serial run's verdicts with no two timed windows overlapping.
+Written up in: docs/workflows.md#many-models-at-once.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ them is false. The compile runs `--runs` times with `benchmark.instances: 1` (on
 as many times with 2, alternately, in one process, and the false verdicts of each setting are counted (at 95%,
 about 5% of the judgements would be by chance alone).
 
-    python scripts/aa_verdicts.py [--out runs/aa_verdicts] [--runs 5] [--copies 3] [--width 1024]
+    python benchmarks/aa_verdicts.py [--out runs/aa_verdicts] [--runs 5] [--copies 3] [--width 1024]
+
+Question: how many false verdicts stages that change nothing get with one and with two sessions a side.
+Written up in: docs/measurement.md (attribution against the parent).
 """
 
 from __future__ import annotations
