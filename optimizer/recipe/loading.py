@@ -192,38 +192,59 @@ def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None
 
 MAX_RECIPE_BYTES = 1 << 20
 MAX_YAML_VALUES = 100_000  # values once aliases are expanded: a real recipe has a few hundred
+MAX_YAML_CHARS = 2 * MAX_RECIPE_BYTES  # characters once aliases are expanded: a file without aliases is at most 1 MB
 
 
 def _bounded_yaml(text: str, where: str) -> Any:
-    """yaml.safe_load, but a document whose aliases expand to more than MAX_YAML_VALUES values (an alias bomb:
-    a few lines that become 10**9 strings when anything walks them) is refused before it is built."""
+    """yaml.safe_load, but strict and bounded, checked on the composed node graph before anything is built: a
+    mapping that gives a key twice is refused (YAML would keep the last silently), and so is a document whose
+    aliases expand to more than MAX_YAML_VALUES values or MAX_YAML_CHARS characters (an alias bomb: a few lines,
+    or one long string, that become gigabytes when anything walks or copies them)."""
     loader = yaml.SafeLoader(text)
     try:
-        sizes: dict[int, int] = {}
+        sizes: dict[int, tuple[int, int]] = {}
+        cap = (MAX_YAML_VALUES + 1, MAX_YAML_CHARS + 1)
 
-        def expanded(n: yaml.Node) -> int:  # memoized over the node graph, where an alias is a shared node
+        def expanded(n: yaml.Node) -> tuple[int, int]:  # (values, characters), memoized: an alias is a shared node
             if id(n) not in sizes:
-                sizes[id(n)] = 0  # a recursive alias counts once
+                sizes[id(n)] = (0, 0)  # a recursive alias counts once
                 children: list[Any] = []
                 if isinstance(n, yaml.SequenceNode):
                     children = n.value
                 elif isinstance(n, yaml.MappingNode):
                     children = [x for pair in n.value for x in pair]
-                sizes[id(n)] = min(1 + sum(expanded(c) for c in children), MAX_YAML_VALUES + 1)
+                    _refuse_twice(n, where)
+                parts = [expanded(c) for c in children]
+                own = len(n.value) if isinstance(n, yaml.ScalarNode) else 0
+                sizes[id(n)] = (min(1 + sum(v for v, _ in parts), cap[0]), min(own + sum(c for _, c in parts), cap[1]))
             return sizes[id(n)]
 
         try:  # composing and counting both recurse with the nesting
             node = loader.get_single_node()
-            too_many = node is not None and expanded(node) > MAX_YAML_VALUES
+            values, chars = expanded(node) if node is not None else (0, 0)
         except RecursionError:
             raise RecipeError(where, None, "its YAML is nested too deeply to be a recipe") from None
         if node is None:
             return None
-        if too_many:
+        if values > MAX_YAML_VALUES:
             raise RecipeError(where, None, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
+        if chars > MAX_YAML_CHARS:
+            raise RecipeError(where, None, f"its YAML aliases expand to more than {MAX_YAML_CHARS >> 20} MB of text")
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def _refuse_twice(node: yaml.MappingNode, where: str) -> None:
+    seen: dict[str, int] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.value == "<<":  # merge keys may repeat a key: YAML's rule
+            continue
+        line = key.start_mark.line + 1
+        if key.value in seen:
+            raise RecipeError(where, f"line {line}", f"{key.value!r} given twice (first on line {seen[key.value]}); "
+                              "YAML would keep the last silently")
+        seen[key.value] = line
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -235,7 +256,10 @@ def load_recipe(path: str | Path) -> Recipe:
     if size > MAX_RECIPE_BYTES:
         raise RecipeError(str(p), None, f"{size / 2**20:.1f} MB is not a recipe (at most {MAX_RECIPE_BYTES >> 20} MB)")
     try:
-        data = _bounded_yaml(p.read_text(), str(p))
+        data = _bounded_yaml(p.read_bytes().decode("utf-8"), str(p))
+    except UnicodeDecodeError as e:
+        raise RecipeError(str(p), f"byte {e.start}", f"not UTF-8 text (0x{e.object[e.start]:02x}); save the "
+                          "recipe as UTF-8") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None
