@@ -59,6 +59,10 @@ class NncfInt8Pass(Pass[NncfInt8Config]):
     consumes = frozenset({"openvino"})
     version = 1
 
+    def recipe_reads(self, recipe: Any) -> tuple[str, ...]:
+        """Accuracy control lets NNCF drop down to the recipe's budget (accuracy.min on its metric)."""
+        return ("accuracy.metric", "accuracy.min") if self.config.accuracy_control else ()
+
     def key_extras(self, recipe: Any) -> dict[str, Any] | None:
         """7-bit weights on every layer on x86 without VNNI: not the artifact a VNNI machine builds."""
         return {"overflow_fix": "enable"} if int8_reduce_range()[0] else None

@@ -4,6 +4,9 @@
 A real failure raises PassError with its message; the pipeline adds the stage name and what ran before it,
 records the stage as failed and keeps everything measured so far.
 
+What a pass reads of the recipe it declares (`Pass.reads`): those fields are in its stage's cache key, and its
+`ctx.recipe` answers nothing else (optimizer.recipe.reads).
+
 What a pass needs from the rest of the tool comes through its PassContext, not through imports: `ctx.check`
 (the one accuracy implementation), `ctx.time` (the harness's interleaved timing) and `ctx.session` (the one
 session factory). The engine hands the context its services, so passes depend on core, recipe and runtime only.
@@ -102,7 +105,9 @@ class PassNotes(BaseModel):
 
 @dataclass
 class PassContext:
-    """What a pass may use: its own output folder, the recipe, sample inputs, and the services below."""
+    """What a pass may use: its own output folder, the recipe, sample inputs, and the services below. In a
+    pipeline `recipe` answers only the fields the pass declares (Pass.reads) and those every stage key holds
+    (optimizer.recipe.reads.RecipeView): what its stage key leaves out, it cannot read."""
 
     recipe: Recipe
     stage_name: str

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.core.pass_base import PassContext
+from optimizer.recipe.reads import rewrap, unwrap
 from optimizer.runtime.childpath import child_sys_path
 from optimizer.runtime.threads import target_threads
 
@@ -42,7 +43,8 @@ def _init(fn: Callable[[PassContext, Any], Any], services: Callable[[], Any], re
           stage_dir: Path, feeds: Any, done: tuple[str, ...], threads: int) -> None:
     global _task
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the driver stops us
-    recipe = recipe.model_copy(update={"target": recipe.target.model_copy(update={"threads": threads})})
+    whole = unwrap(recipe)  # the worker's copy answers what the pass declared, as the driver's does
+    recipe = rewrap(recipe, whole.model_copy(update={"target": whole.target.model_copy(update={"threads": threads})}))
     _task = (fn, PassContext(recipe, stage_name, stage_dir, feeds, services(), done))
 
 

@@ -17,6 +17,7 @@ from optimizer.measure.accuracy import AccuracyMeter, generation_agreement, mask
 from optimizer.measure.bench_slot import bench_slot
 from optimizer.measure.harness import Timed, instances_for, measure
 from optimizer.measure.stats import instance_variance, latency_stats, speedup, widened
+from optimizer.recipe.reads import TIMED, require
 from optimizer.runtime.generation import Generation
 from optimizer.runtime.runners import runner_for
 from optimizer.runtime.runners.base import Session
@@ -77,6 +78,7 @@ class MeasureServices:
     def time(
         self, candidate: Any, reference: Any, ctx: PassContext, feeds: Sequence[Feed] | None
     ) -> TimedComparison:
+        require(ctx.recipe, TIMED, "ctx.time")  # a timed choice holds for these settings: its key must hold them
         settings = ctx.recipe.benchmark
         inputs = list(feeds) if feeds is not None else next(iter(ctx.feeds)).samples
         with ExitStack() as stack:

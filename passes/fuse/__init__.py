@@ -114,12 +114,11 @@ class FusePass(Pass[FuseConfig]):
     requires = ("onnx_graphsurgeon", "onnxruntime")
     handles_generation = True  # the rules declared for KV-cache graphs (passes/fuse/generation.py)
 
-    def key_extras(self, recipe: Recipe) -> dict[str, Any] | None:
+    def recipe_reads(self, recipe: Recipe) -> tuple[str, ...]:
         """A kernel choice holds for the threads and benchmark settings it was measured with."""
-        from optimizer.core.pass_base import timing_key
+        from optimizer.core.pass_base import TIMING_READS
 
-        cfg = self.config
-        return timing_key(recipe) if cfg.measure else None
+        return TIMING_READS if self.config.measure else ()
 
     def skip_reason(self, artifact: Artifact, ctx: PassContext) -> str | None:
         reason = super().skip_reason(artifact, ctx)
