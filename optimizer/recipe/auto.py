@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from optimizer.core.errors import OptimizerError
+from optimizer.core.files import not_regular
 from optimizer.core.markup import yaml_document
 from optimizer.recipe.auto_inputs import InputFacts, factory_facts, onnx_facts
 from optimizer.recipe.factory import FOUND_BESIDE, file_path, is_file, is_target, split
@@ -453,6 +454,8 @@ def recipe_for_model(model: str, device: str = "cpu", name: str | None = None) -
     path = Path(model).expanduser()
     if path.exists():
         path = path.resolve()
+        if (what := not_regular(path)) is not None:
+            raise _fail(model, f"{path} is {what}, not a regular file")
         if path.is_dir():
             pkg = _package_of(path)
             source = ({"source": "hf_folder", "package": pkg[0], "path": pkg[1]} if pkg

@@ -34,6 +34,18 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _check_files(recipe: Recipe, path: str) -> None:
+    """The files the recipe names, when they exist, are regular files (core.files): a FIFO would hang compile."""
+    from optimizer.core.files import not_regular
+
+    named = [("data_file", recipe.data_file), ("model.path", getattr(recipe.model, "path", None)
+                                                if recipe.model.source == "onnx" else None)]
+    for field, value in named:
+        what = not_regular(recipe.resolve(value)) if value else None
+        if what is not None:
+            raise RecipeError(path, field, f"{recipe.resolve(value)} is {what}, not a regular file")
+
+
 def _check_structure(recipe: Recipe, path: str) -> None:
     """Cross-field checks pydantic cannot express on one field."""
     seen: set[str] = {SOURCE_STAGE}
@@ -183,6 +195,7 @@ def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None
         loc = tuple(p for p in err["loc"] if p not in tags)
         raise RecipeError(path, _field_path(loc) or None, err["msg"]) from None
     recipe.base_dir = base_dir or Path(".")
+    _check_files(recipe, path)
     _check_structure(recipe, path)
     _check_outputs(recipe, path)
     _check_sizes(recipe, path)
