@@ -1,4 +1,4 @@
-"""Export for generation: the prefill and decode graphs (see optimizer/generation.py), checked against PyTorch.
+"""Export for generation: the prefill and decode graphs (see optimizer/runtime/generation.py), checked against PyTorch.
 An encoder-decoder's pair (model.task text2text-generation / automatic-speech-recognition) is passes/export_seq2seq.py.
 
 Dims: prefill takes input_ids/attention_mask [batch, seq]; decode takes input_ids [batch, 1], attention_mask

@@ -2,7 +2,7 @@
 
 It changes what every decode step costs (attention over the whole preallocated length, masked, instead of the
 filled part; no reallocation as the cache grows) and it is what makes the decode step capturable by a CUDA
-graph (optimizer/generation_static.py). Keeping it apart from cuda_graph means the cost or gain of the static
+graph (optimizer/runtime/generation_static.py). Keeping it apart from cuda_graph means the cost or gain of the static
 cache is attributed here and the gain of capture alone to the cuda_graph stage after it.
 """
 

@@ -102,7 +102,7 @@ def triton_config(
             "# measured with denormal floats flushed to zero (onnxruntime session.set_denormal_as_zero); this backend "
             "documents no parameter for it, so padded requests may run slower here than the manifest's figures"
         )
-    if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/sweep.py)
+    if max_batch > 1:  # from the run's batch sweep when it has one (see optimizer/engine/sweep.py)
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 100 }}")
     return "\n".join(lines) + "\n"
 

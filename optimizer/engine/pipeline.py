@@ -120,7 +120,7 @@ class Pipeline:
         return self.records
 
     def _calibrate(self, when: str) -> None:
-        """Time the fixed calibration workload (optimizer/machine.py) at the start and end of a measuring run:
+        """Time the fixed calibration workload (optimizer/measure/machine.py) at the start and end of a measuring run:
         whether the machine changed under the run. Kept in machine.json for the report."""
         if not self.measure:
             return

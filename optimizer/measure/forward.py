@@ -65,7 +65,7 @@ def _rss() -> int:
 
 
 def stage_memory(artifact: Artifact, recipe: Recipe, inline_mb: float) -> tuple[float, dict[str, Any]]:
-    """The stage's host memory (MB) and how it was measured: a fresh-process probe (optimizer/memprobe.py) by
+    """The stage's host memory (MB) and how it was measured: a fresh-process probe (optimizer/measure/memprobe.py) by
     default; the in-process growth when the recipe asks for it or the probe cannot run (with the reason)."""
     detail: dict[str, Any] = {"inline_mb": round(inline_mb, 1)}
     if recipe.benchmark.memory == "process":

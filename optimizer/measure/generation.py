@@ -2,7 +2,7 @@
 
 Per scenario (prompt = seq tokens, new_tokens generated): time to first token, time per output token (every
 decode step of every timed generation), end-to-end task time and tokens/s. Accuracy against stage 0: greedy
-token agreement over the generated tokens and the logits cosine step by step (optimizer/generation.py).
+token agreement over the generated tokens and the logits cosine step by step (measure.accuracy.generation_agreement).
 """
 
 from __future__ import annotations

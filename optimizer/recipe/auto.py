@@ -271,7 +271,9 @@ def default_passes(
     else:  # minilm-cpu.yaml
         quant = {"type": "quantize", "name": "int8_dynamic", "from": "fuse",
                  "config": {"mode": "int8_dynamic", "per_channel": True}}
-    return [*export, ort, FLUSH_DENORMALS, {"type": "fuse"}, quant]
+    # minilm-cpu.yaml's kernel choice: SkipLayerNormalization and BiasGelu kept only where they time faster
+    fuse = {"type": "fuse", **({"config": {"measure": ["skip_layernorm", "bias_gelu"]}} if kind == "encoder" else {})}
+    return [*export, ort, FLUSH_DENORMALS, fuse, quant]
 
 
 def _common(device: str, kind: str) -> dict[str, Any]:

@@ -111,7 +111,7 @@ class DiffSummary(ClosedFacts):
 
 
 def machine_drift(a: RunReport, b: RunReport) -> float | None:
-    """Change of the fixed calibration workload (optimizer/machine.py) from run A to run B (B/A - 1), or None."""
+    """Change of the fixed calibration workload (measure/machine.py) from run A to run B (B/A - 1), or None."""
     means = []
     for r in (a, b):
         c = r.machine.calibration if r.machine is not None else None

@@ -7,7 +7,7 @@ Every term is normalized against stage 0, so 1.0 means "as stage 0" and higher i
                  sessions and chained like latency, so that drift between stages measured apart does not leak in
   accuracy       the budget's metric against stage 0 (cosine, top-1 or token agreement; 1.0 = identical)
   memory         stage 0 footprint / stage footprint; footprint = peak resident set of serving the stage in a
-                 fresh process (optimizer/memprobe.py), at least the model's bytes
+                 fresh process (optimizer/measure/memprobe.py), at least the model's bytes
   size           stage 0 bytes on disk / stage bytes
   deployability  share of four serving paths that can run the artifact as built: ONNX Runtime CPU, ONNX
                  Runtime CUDA, TensorRT, Triton. Standard ONNX: all four. ORT contrib ops (fused attention,

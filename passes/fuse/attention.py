@@ -341,21 +341,6 @@ def find_blocks(graph: gs.Graph, report: RuleReport) -> list[Block]:
     return blocks
 
 
-def probe_outputs(blocks: list[Block]) -> list[str]:
-    """Tensor names whose values the probe run must return."""
-    names = []
-    for b in blocks:
-        names.append(b.q_heads.name)
-        if b.mask is not None:
-            names.append(b.mask.name)
-        if b.k_heads is not None:
-            names += [b.k_heads.name, b.k_t.name]
-        if b.merged is not None:
-            names += [b.pv.name, b.merged.name]
-        names.append(b.out_reshape.outputs[0].name)
-    return sorted(set(names))
-
-
 def classify_mask(m: np.ndarray, pad: np.ndarray | None, seq: int) -> str:
     """none | padding | causal | causal+padding, or raise Decline. pad: [B, S] 1 = keep."""
     finite_ok = np.all((m <= NEG_THRESHOLD) | (np.abs(m) < 1e-6))

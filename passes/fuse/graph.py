@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from optimizer.core.names import unique_name
+
 MS = "com.microsoft"
 
 
@@ -73,21 +75,12 @@ def name_nodes(graph: gs.Graph) -> None:
 
 def const_tensor(graph: gs.Graph, name: str, value: np.ndarray) -> gs.Constant:
     """A new initializer with a name unique in the graph."""
-    taken = graph.tensors()
-    base, i = name, 0
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
-    return gs.Constant(name, np.ascontiguousarray(value))
+    return gs.Constant(unique_name(name, set(graph.tensors())), np.ascontiguousarray(value))
 
 
 def variable(graph: gs.Graph, name: str, dtype: Any = np.float32) -> gs.Variable:
-    taken = graph.tensors()
-    base, i = name, 0
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
-    return gs.Variable(name, dtype=dtype)
+    """A new tensor with a name unique in the graph."""
+    return gs.Variable(unique_name(name, set(graph.tensors())), dtype=dtype)
 
 
 def is_output(graph: gs.Graph, t: gs.Tensor) -> bool:
