@@ -281,7 +281,7 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
             == "incomplete" else "read as finished")
 
 
-TOPICS = ("handover", "paths", "validation", "sources", "edge")
+TOPICS = ("handover", "paths", "validation", "sources", "edge", "generated", "console", "claims", "recipe_files")
 
 
 @dataclass
