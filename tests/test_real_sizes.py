@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import mlp_recipe
+from conftest import FAST_BENCH, mlp_recipe
 from test_onnx_sources import external_model, onnx_source
 
 from optimizer.core.artifact import Artifact, own_bytes
@@ -50,12 +50,15 @@ def test_a_killed_worker_is_a_failed_stage_and_the_run_goes_on(tmp_path: Path, m
 @pytest.mark.slow
 def test_stages_in_workers_measure_as_inline_ones(tmp_path: Path) -> None:
     """The worker fills the same record: artifact in the run folder, metrics, notes, pass time."""
-    records = execute(mlp_recipe(isolation="process"), tmp_path / "out")
+    data = mlp_recipe(isolation="process", benchmark={**FAST_BENCH, "memory": "process"})
+    records = execute(data, tmp_path / "out")
     ort = records["ort_session"]
     assert ort.status == "ran" and ort.artifact.path.is_file()
+    # the worker is a fresh process for its stage: its own growth is the memory, no second process loads it
+    assert ort.metrics["memory"]["method"] == "inline" and "own worker process" in ort.metrics["memory"]["note"]
     assert ort.metrics["scenarios"]["b1"]["vs_parent"]["ratio"] > 0
     assert ort.pass_seconds is not None and ort.notes["session_options"]
-    again = execute(mlp_recipe(isolation="process"), tmp_path / "out")  # the cache holds across processes
+    again = execute(data, tmp_path / "out")  # the cache holds across processes
     assert again["ort_session"].status == "cached"
 
 

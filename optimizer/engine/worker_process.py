@@ -41,6 +41,7 @@ def main() -> None:
     pipe.records.append(rec)
     pipe.feeds = build_feeds(recipe, recipe.accuracy.samples)
     pipe.feeds_key = feeds_hash(pipe.feeds)
+    pipe.isolated = True  # what the stage's measurement knows of where it runs (its memory: this fresh process)
     fault = os.environ.get(FAULT_ENV, "")
     if fault.partition(":")[0] == rec.name:  # injected: this stage's worker dies as the kernel would kill it
         os.kill(os.getpid(), getattr(signal, fault.partition(":")[2] or "SIGKILL"))
