@@ -16,6 +16,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 ruff check optimizer passes scripts benchmarks tests
 lint-imports  # the layers and no-circle contracts in .importlinter
+mypy  # the packages [tool.mypy] in pyproject.toml names (optimizer/core, engine, recipe)
 if [ "$fast" = 1 ]; then
   python -m pytest -q --durations=15 -m "not slow" ${args[@]+"${args[@]}"}
 else

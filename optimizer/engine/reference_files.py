@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,7 +32,7 @@ def feeds_hash(feeds: FeedSet) -> str:
 def save_reference(path: Path, ref: Reference) -> None:
     """Write stage 0's outputs (scenario -> sample -> outputs) to `path` as an npz keyed `scenario|sample|output`,
     through a temp name opened fresh (never through a link planted there) and renamed into place."""
-    arrays = {
+    arrays: dict[str, Any] = {  # Any: numpy's savez stub would match a value to allow_pickle
         f"{s}|{i}|{j}": o for s, samples in ref.items() for i, outs in enumerate(samples) for j, o in enumerate(outs)
     }
     tmp = path.with_name(".reference.tmp.npz")

@@ -165,7 +165,7 @@ class RunDir:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd  # held until release() or the process ends
+        self._lock_fd: int | None = fd  # held until release() or the process ends
 
     def writer_pid(self) -> int | None:
         """The pid of the compile writing this run folder now, or None when no process holds it."""

@@ -244,7 +244,7 @@ def default_passes(
                 {"type": "export", "from": "source"},
                 {"type": "ort_session"},
             ]
-        passes = [
+        passes: list[dict[str, Any]] = [
             {"type": "export", "from": "source"},
             {"type": "ort_session"},
             {"type": "quantize", "name": "int8_dynamic", "config": {"mode": "int8_dynamic"}},
@@ -258,7 +258,8 @@ def default_passes(
         if arch is not None and arch in builder_architectures():  # llama-cpu.yaml: GenAI's layout
             passes += GENAI_STAGES
         return passes
-    ort = {"type": "ort_session", **({"config": {"graph_optimization_level": "all"}} if hf_text else {})}
+    ort: dict[str, Any] = {"type": "ort_session",
+                           **({"config": {"graph_optimization_level": "all"}} if hf_text else {})}
     if device == "cuda":  # minilm-gpu.yaml
         passes = [*export, ort, {"type": "fuse", "config": {"target": "cuda"}},
                   {"type": "quantize", "name": "fp16", "from": "ort_session", "config": {"mode": "fp16"}}]

@@ -102,7 +102,8 @@ def _module_name(path: Path) -> str:
     if stem.isidentifier():
         loaded = sys.modules.get(stem)
         if loaded is not None:
-            if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == path:
+            file = getattr(loaded, "__file__", None)
+            if file and Path(file).resolve() == path:
                 return stem
         else:
             try:

@@ -41,7 +41,9 @@ def _check_files(recipe: Recipe, path: str) -> None:
     named = [("data_file", recipe.data_file), ("model.path", getattr(recipe.model, "path", None)
                                                 if recipe.model.source == "onnx" else None)]
     for field, value in named:
-        what = not_regular(recipe.resolve(value)) if value else None
+        if not value:
+            continue
+        what = not_regular(recipe.resolve(value))
         if what is not None:
             raise RecipeError(path, field, f"{recipe.resolve(value)} is {what}, not a regular file")
 
@@ -63,8 +65,8 @@ def _check_structure(recipe: Recipe, path: str) -> None:
             raise RecipeError(path, f"scenarios[{i}].padding", "longest needs real text (`text`) to take lengths from")
     if len(set(names)) != len(names):
         raise RecipeError(path, "scenarios", "scenario names must be unique")
-    for i, spec in enumerate(recipe.inputs):
-        for dim in spec.shape:
+    for i, inp in enumerate(recipe.inputs):
+        for dim in inp.shape:
             if isinstance(dim, str):
                 for scen in recipe.scenarios:
                     if dim not in scen.bindings():
