@@ -113,3 +113,83 @@ def test_the_wheelhouse_fetches_nothing_the_gpu_machine_has_or_cannot_use() -> N
         assert present not in packages, present
     check = (ROOT / "scripts/gpu_check.sh").read_text()
     assert "--missing-wheels" in check  # and gpu_check.sh unpacks only the wheels missing there
+
+
+# ---------------------------------------------------------------- 2: int8_static for TensorRT keeps float biases
+def _gemm_with_bias(path: Path, width: int = 16) -> Path:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(width, width)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(width,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=1, name="gemm"),
+             helper.make_node("Relu", ["g"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, width])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_int8_static_for_a_cuda_target_leaves_biases_in_float_so_tensorrt_takes_it(tmp_path: Path) -> None:
+    import numpy as np
+    import onnx
+
+    from optimizer.runtime.gpu.profiles import asymmetric_qdq_reason
+    from passes.quantize.calibration import FeedReader
+    from passes.quantize.config import quantize_bias
+    from passes.quantize.modes import int8_static
+
+    assert quantize_bias("cuda") is False and quantize_bias("cpu") is True
+    src = _gemm_with_bias(tmp_path / "gemm.onnx")
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.normal(size=(2, 16)).astype(np.float32)} for _ in range(4)]
+    dst = tmp_path / "q.onnx"
+    int8_static(src, dst, FeedReader(feeds, ["x"]), "minmax", True, True, ["Gemm"], [], 99.99,
+                quantize_bias=quantize_bias("cuda"))
+    model = onnx.load(str(dst))
+    assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) >= 1  # quantized, and
+    assert asymmetric_qdq_reason(model) is None  # TensorRT takes it
+    biased = tmp_path / "qb.onnx"  # the CPU's form: int32 bias; the skip says what it is, not "symmetric_activations"
+    int8_static(src, biased, FeedReader(feeds, ["x"]), "minmax", True, True, ["Gemm"], [], 99.99)
+    reason = asymmetric_qdq_reason(onnx.load(str(biased)))
+    assert reason is not None and "bias" in reason and "symmetric_activations" not in reason, reason
+
+
+# ---------------------------------------------------------------- 11: the Q/DQ TensorRT takes
+def _qdq(kind: int | None, zero: bool = True, op: str = "DequantizeLinear", data_kind: int | None = None) -> Any:
+    """One Q or DQ node; `kind` the zero point's type (None: no zero point), `data_kind` a DQ's input type."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])]
+    inputs = ["x", "s"]
+    if kind is not None:
+        inits.append(helper.make_tensor("zp", kind, [], [0 if zero else 3]))
+        inputs.append("zp")
+    graph_inputs = []
+    if op == "DequantizeLinear" and data_kind is not None:
+        inits.append(helper.make_tensor("x", data_kind, [4], np.zeros(4, np.int64).tolist()))
+    else:
+        graph_inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]))
+    node = helper.make_node(op, inputs, ["y"], name="q")
+    graph = helper.make_graph([node], "g", graph_inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_symmetric_int8_fp8_and_int4_qdq_are_what_tensorrt_takes() -> None:
+    from onnx import TensorProto as T
+
+    from optimizer.runtime.gpu.profiles import asymmetric_qdq_reason
+
+    assert asymmetric_qdq_reason(_qdq(None, data_kind=T.INT8)) is None  # symmetric INT8 weights, no zero point
+    assert asymmetric_qdq_reason(_qdq(T.FLOAT8E4M3FN)) is None  # FP8 (the H100's format; ModelOpt emits it)
+    assert asymmetric_qdq_reason(_qdq(T.FLOAT8E4M3FN, op="QuantizeLinear")) is None
+    assert asymmetric_qdq_reason(_qdq(T.INT4, data_kind=T.INT4)) is None  # INT4 weight-only
+    assert asymmetric_qdq_reason(_qdq(T.INT8, op="QuantizeLinear")) is None
+    uint8 = asymmetric_qdq_reason(_qdq(None, op="QuantizeLinear"))  # no zero point: uint8 output
+    assert uint8 is not None and "uint8" in uint8
+    assert "zero point" in (asymmetric_qdq_reason(_qdq(T.INT8, zero=False, op="QuantizeLinear")) or "")
+    assert "uint8" in (asymmetric_qdq_reason(_qdq(T.UINT8, op="QuantizeLinear")) or "")

@@ -98,3 +98,10 @@ class QuantizeNotes(PassNotes):
 def symmetric_activations(cfg: QuantizeConfig, device: str) -> bool:
     """Signed, zero-point-0 activations: asked for, or by default on cuda targets (what TensorRT takes)."""
     return cfg.symmetric_activations if cfg.symmetric_activations is not None else device == "cuda"
+
+
+def quantize_bias(device: str) -> bool:
+    """Whether int8_static quantizes biases to int32 (ORT's QuantizeBias): on the CPU, yes (ORT's default, what
+    its QLinear kernels fuse); on cuda targets no, biases stay float: TensorRT takes no int32 DequantizeLinear, and
+    an int8_static graph bound for it would lose every Gemm/Conv with a bias."""
+    return device != "cuda"

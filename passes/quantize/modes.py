@@ -76,7 +76,9 @@ def int8_static(
     ops: list[str],
     exclude: list[str],
     percentile: float,
+    quantize_bias: bool = True,
 ) -> None:
+    """quantize_bias False (config.quantize_bias: cuda targets) keeps biases in float: TensorRT takes no int32 Q/DQ."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     calibrate = {
@@ -85,7 +87,7 @@ def int8_static(
         "percentile": CalibrationMethod.Percentile,
     }[method]
     extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": True, "CalibPercentile": percentile,
-             **UNTYPED_IS_FLOAT}
+             "QuantizeBias": quantize_bias, **UNTYPED_IS_FLOAT}
     with quiet():
         quantize_static(
             str(src),

@@ -15,7 +15,7 @@ from optimizer.core.artifact import Artifact
 from optimizer.core.errors import PassError
 from optimizer.core.pass_base import Pass, PassContext, PassResult
 from optimizer.recipe.schema import Recipe
-from passes.quantize.config import QuantizeConfig, QuantizeNotes, symmetric_activations
+from passes.quantize.config import QuantizeConfig, QuantizeNotes, quantize_bias, symmetric_activations
 
 
 class QuantizePass(Pass[QuantizeConfig]):
@@ -221,6 +221,7 @@ class QuantizePass(Pass[QuantizeConfig]):
                     [*cfg.op_types, *unfused.extra_ops],
                     [*cfg.exclude_nodes, *unfused.extra_exclude],
                     cfg.calibration.percentile,
+                    quantize_bias=quantize_bias(ctx.recipe.target.device),  # cuda: float biases (TensorRT)
                 )
             before = modes.quantized_op_count(onnx_io.load(plain, with_weights=False))
         for f in ctx.stage_dir.glob(prepared.name + "*"):
