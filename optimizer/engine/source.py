@@ -37,6 +37,19 @@ def _check_sequence_lengths(module: Any, recipe: Recipe) -> None:
             )
 
 
+def _check_data_dtypes(recipe: Recipe, model: Any, feed: dict[str, Any]) -> None:
+    from onnx import helper
+
+    for inp in model.graph.input:
+        elem = inp.type.tensor_type.elem_type
+        if inp.name not in feed or not elem:
+            continue
+        want = helper.tensor_dtype_to_np_dtype(elem)
+        if feed[inp.name].dtype != want:
+            raise InputError(f"data_file: {recipe.resolve(recipe.data_file or '')}: array {inp.name!r} is "
+                             f"{feed[inp.name].dtype}, but the model takes {inp.name!r} as {want}")
+
+
 def check_budget_output(recipe: Recipe, artifact: Artifact) -> None:
     """accuracy.output must name an output of stage 0, whose outputs every stage's accuracy is keyed by. Checked
     at load where they are known then (recipe.loading); a PyTorch model's are known here, once it ran."""
@@ -64,6 +77,8 @@ def source_artifact(recipe: Recipe, feeds: FeedSet) -> Artifact:
         missing = [n for n in needed if n not in names]
         if missing:
             raise InputError(f"inputs: {path.name} also needs {missing}; add them to the recipe's inputs")
+        if recipe.data_file:  # the file's arrays where the recipe declares no inputs: checked against the graph
+            _check_data_dtypes(recipe, model, next(iter(feeds)).timing)
         outputs = [o.name for o in model.graph.output]
         return Artifact(
             "onnx", path, {"graph_optimization_level": "disable_all"}, input_names=names, output_names=outputs,

@@ -18,6 +18,7 @@ from optimizer.recipe.schema import (
     GENERATION_TASKS,
     MAX_INPUT_ELEMENTS,
     SOURCE_STAGE,
+    HFConfigSource,
     HFFolderSource,
     OnnxSource,
     Recipe,
@@ -89,6 +90,38 @@ def _check_structure(recipe: Recipe, path: str) -> None:
             raise RecipeError(path, "model.path", f"no folder {model.path!r} inside package {model.package!r}")
         if model.package is None and not recipe.resolve(model.path).is_dir():
             raise RecipeError(path, "model.path", f"no such folder: {recipe.resolve(model.path)}")
+
+
+# An hf_config's sizes that count something (layers, heads, widths, tokens): transformers builds a model from any
+# integer, and -1 layers builds one with none. The vocabulary bounds the ids drawn for the inputs that index it.
+HF_COUNTS = ("num_hidden_layers", "n_layer", "num_attention_heads", "n_head", "num_key_value_heads", "hidden_size",
+             "n_embd", "intermediate_size", "n_inner", "vocab_size", "max_position_embeddings", "n_positions",
+             "type_vocab_size", "head_dim")
+HF_VOCAB = {"gpt2": 50257, "llama": 32000, "bert": 30522}  # transformers' default vocab_size per architecture
+ID_INPUTS = ("input_ids", "decoder_input_ids")
+DEFAULT_INT_RANGE = (0, 1000)  # what runtime.inputs draws an integer input from when it has no range
+
+
+def _check_hf_config(recipe: Recipe, path: str) -> None:
+    """An hf_config's counts are integers >= 1, and an id input's generated values (its range, or the default
+    [0, 1000)) lie inside the vocabulary (an id past it is an IndexError in the embedding)."""
+    model = recipe.model
+    if not isinstance(model, HFConfigSource):
+        return
+    for key in HF_COUNTS:
+        value = model.config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise RecipeError(path, f"model.config.{key}", f"{value!r} is not a count: it must be an integer >= 1")
+    vocab = model.config.get("vocab_size", HF_VOCAB[model.architecture])
+    for i, spec in enumerate(recipe.inputs):
+        if spec.name not in ID_INPUTS or spec.fill != "random":
+            continue
+        low, high = spec.range or DEFAULT_INT_RANGE
+        if low < 0 or math.ceil(high) > vocab:
+            drawn = "its range" if spec.range else "the default range"
+            raise RecipeError(path, f"inputs[{i}].range",
+                              f"{spec.name!r} is drawn from [{low:g}, {high:g}) ({drawn}), outside the model's "
+                              f"vocabulary (model.config.vocab_size {vocab}): give range: [0, {vocab}]")
 
 
 def _check_unique(names: list[str], field: str, path: str) -> None:
@@ -199,6 +232,7 @@ def parse_recipe(data: Any, path: str = "<recipe>", base_dir: Path | None = None
     recipe.base_dir = base_dir or Path(".")
     _check_files(recipe, path)
     _check_structure(recipe, path)
+    _check_hf_config(recipe, path)
     _check_outputs(recipe, path)
     _check_sizes(recipe, path)
     _validate_pass_configs(recipe, path)

@@ -207,4 +207,32 @@ def _from_file(recipe: Recipe, samples: int) -> FeedSet:
     if missing:
         raise InputError(f"data_file: {path} has no arrays for {missing}")
     feed = {n: feed[n] for n in names}
+    problem = data_problem(recipe, feed)
+    if problem is not None:
+        raise InputError(f"data_file: {path}: {problem}")
     return FeedSet(names, {s.name: ScenarioFeeds(s, [feed] * (s.samples or samples)) for s in recipe.scenarios})
+
+
+def data_problem(recipe: Recipe, feed: Feed) -> str | None:
+    """What is wrong with a data_file's arrays, else None: the one check of them, before anything runs. Each
+    holds finite numbers; where the recipe declares the input, the array has its dtype and, under every scenario,
+    its shape (the data is every sample of every scenario, so a batch-8 array under a batch-1 scenario would be
+    timed and counted as one sample per call); where it does not, its first dim (its batch) is not 0."""
+    specs = {s.name: s for s in recipe.inputs}
+    for name, a in feed.items():
+        spec = specs.get(name)
+        if spec is None and a.ndim and a.shape[0] == 0:  # undeclared: its batch is its first dim
+            return f"array {name!r} has shape {tuple(a.shape)}: a batch of 0 has nothing to time or compare"
+        if spec is not None and a.dtype != np.dtype(spec.dtype):
+            return f"array {name!r} is {a.dtype}, but inputs declares {name!r} as {spec.dtype}"
+        if spec is not None:
+            for scen in recipe.scenarios:
+                want = _shape(spec, scen)
+                if tuple(a.shape) != want:
+                    return (f"array {name!r} has shape {tuple(a.shape)}, but scenario {scen.name!r} gives "
+                            f"{name!r} the shape {want}: one data_file is every sample of every scenario, so "
+                            "its shape must be theirs")
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            bad = int(np.count_nonzero(~np.isfinite(a)))
+            return f"array {name!r} holds {bad} NaN or infinite values; every sample must be finite numbers"
+    return None

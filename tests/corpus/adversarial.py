@@ -281,7 +281,8 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
             == "incomplete" else "read as finished")
 
 
-TOPICS = ("handover", "paths", "validation", "sources", "edge", "generated", "console", "claims", "recipe_files")
+TOPICS = ("handover", "paths", "validation", "sources", "edge", "generated", "console", "claims", "recipe_files",
+          "data")
 
 
 @dataclass
