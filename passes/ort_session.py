@@ -96,8 +96,9 @@ class OrtSessionPass(Pass[OrtSessionConfig]):
     Config = OrtSessionConfig
     consumes = frozenset({"onnx"})
     # 2: a generation artifact's decode graph optimized and saved too; 3: shared_thread_pool, notes; 4: disabled
-    # optimizers; 5: denormal_as_zero; 6: dynamic_block_base
-    version = 6
+    # optimizers; 5: denormal_as_zero; 6: dynamic_block_base; 7: a large input referred to, not copied (hard links,
+    # which version 6 made for a few hours, onnx refuses to read)
+    version = 7
     requires = ("onnxruntime",)
     handles_generation = True
     handles_genai_layout = True  # same files, new session options (genai_config.json is copied with the graph)
@@ -111,13 +112,15 @@ class OrtSessionPass(Pass[OrtSessionConfig]):
     def run(self, artifact: Artifact, ctx: PassContext) -> PassResult:
         cfg = self.config
         assert artifact.path is not None
-        # Same graphs, new folder: every stage folder holds a complete, deployable artifact (for a generation
-        # artifact: the prefill graph as model.onnx, the decode graph and the shared weights under their names,
-        # which the graphs reference; a source's external data where its graph names it). The weights are hard
-        # links to the input's when the input is a stage of this run (same bytes, no second copy on disk); a
-        # user's own file (an ONNX source) is copied, so that editing it in place cannot reach the run folder.
+        # Same graphs, new session options. When the input is a stage of this run, this stage refers to its files
+        # (a 2.4 GB weights file is not copied for a change of options; every stage's stage.json keeps the
+        # files' sha256, so a file changed since is found, never trusted; deploy bundles copy them). A user's own
+        # file (an ONNX source) is copied into the stage folder, so that editing it in place cannot reach the
+        # run. (Hard links were tried: onnx refuses external data with several links, a "hardlink attack".)
+        # Below REFER_FROM_BYTES the copy is cheap and the stage folder stays a complete model of its own.
         in_run = ctx.stage_dir.resolve().parent in artifact.path.resolve().parents
-        model_path = artifact.copy_to(ctx.stage_dir, "model.onnx", link_data=in_run).path
+        refer = in_run and (artifact.size_bytes() or 0) >= REFER_FROM_BYTES
+        model_path = artifact.path if refer else artifact.copy_to(ctx.stage_dir, "model.onnx").path
         assert model_path is not None
         runtime = session_runtime(cfg)
         if "disabled_optimizers" in runtime:  # added to what an earlier stage disabled (fuse's kernel choice)
@@ -166,6 +169,7 @@ class OrtSessionPass(Pass[OrtSessionConfig]):
                 "not_kept": f"weights of {weights / 2**30:.1f} GiB: the optimized graph was read and removed"}
 
 
+REFER_FROM_BYTES = 64 * 2**20  # an input this large is referred to, not copied (a stage of this run)
 KEEP_OPTIMIZED_BELOW = 512 * 2**20  # weights bytes past which ORT's optimized graph is not kept in the stage
 
 

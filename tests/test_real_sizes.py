@@ -129,18 +129,26 @@ def test_an_hf_config_source_is_sized_before_it_is_built() -> None:
 
 
 @pytest.mark.slow
-def test_a_session_stage_links_its_parents_weights(tmp_path: Path) -> None:
+def test_a_session_stage_refers_to_its_parents_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage that changes session options only refers to its input's files (no second copy of the weights),
+    and the passes after it read them: onnx refuses hard-linked external data, so links are not the way."""
+    import passes.ort_session as ort_session
+
+    monkeypatch.setattr(ort_session, "REFER_FROM_BYTES", 1)  # the tiny model as if it were large
     model = external_model(tmp_path / "model")
     passes = [{"type": "ort_session", "name": "first"},
-              {"type": "ort_session", "name": "no_spin", "config": {"allow_spinning": False}}]
+              {"type": "ort_session", "name": "no_spin", "config": {"allow_spinning": False}},
+              {"type": "quantize", "config": {"mode": "int8_dynamic"}}]
     records = execute(onnx_source(model, passes), tmp_path / "out")
     first, second = records["first"].artifact, records["no_spin"].artifact
-    data_first, data_second = first.files()[1], second.files()[1]
-    # the user's file is copied (editing it in place must not reach the run folder); the run's own is linked
-    assert not os.path.samefile(model.parent / "m.onnx.data", data_first)
-    assert os.path.samefile(data_first, data_second)
-    assert own_bytes(second.files(), first.files()) == second.path.stat().st_size  # the graph file alone
-    assert records["no_spin"].metrics["scenarios"]["b1"]["latency"]["p50_ms"] > 0
+    # the user's file is copied (editing it in place must not reach the run folder); the run's own is referred to
+    assert first.path.parent.name == records["first"].folder
+    assert second.path == first.path and second.runtime["allow_spinning"] is False
+    assert records["no_spin"].metrics["own_bytes"] == 0
+    assert not (tmp_path / "out" / records["no_spin"].folder / "model.onnx").exists()
+    assert records["quantize"].status == "ran", records["quantize"].reason  # it read the referred weights
+    again = execute(onnx_source(model, passes), tmp_path / "out")
+    assert [again[n].status for n in ("first", "no_spin", "quantize")] == ["cached"] * 3
 
 
 def test_own_bytes_counts_a_linked_file_once(tmp_path: Path) -> None:

@@ -62,14 +62,10 @@ class Artifact:
         extra += [self.path.parent / f for f in self.genai_files]
         return [self.path, *extra]
 
-    def copy_to(self, folder: Path, name: str | None = None, link_data: bool = False) -> Artifact:
+    def copy_to(self, folder: Path, name: str | None = None) -> Artifact:
         """The same artifact in `folder`: the model under `name` (default: its own), every other file under its
         path relative to the model's folder, which is how the graph names it (external data at `weights/x.bin`
-        stays below the copy). A name that would land outside `folder` is refused, never copied.
-        link_data: the side files (weights; never the graph file, which a pass may rewrite) are hard links to the
-        originals where the filesystem allows (`link_or_copy`): a stage that changes session options only must not
-        cost another copy of a 2.4 GB weights file. Every stage's files keep their sha256 in its stage.json, so a
-        linked file changed in place is found by the cache's check, never trusted."""
+        stays below the copy). A name that would land outside `folder` is refused, never copied."""
         assert self.path is not None
         target = folder / (name or self.path.name)
         plan = {self.path: target}
@@ -80,10 +76,7 @@ class Artifact:
             plan[f] = folder / rel
         for src, dst in plan.items():
             dst.parent.mkdir(parents=True, exist_ok=True)
-            if link_data and src.suffix != ".onnx":  # weights only: graph files are small and always copies
-                link_or_copy(src, dst)
-            else:
-                shutil.copyfile(src, dst)
+            shutil.copyfile(src, dst)
         return self.derive(path=target)
 
     def generates(self) -> bool:
@@ -126,17 +119,6 @@ class Artifact:
 
     def with_runtime(self, **options: Any) -> Artifact:
         return self.derive(runtime={**self.runtime, **options})
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """dst as a hard link to src (same bytes, no new disk), or a copy where links cannot be made (another
-    filesystem, a filesystem without them). An existing dst is replaced."""
-    if dst.exists() or dst.is_symlink():
-        dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 def own_bytes(files: list[Path], others: list[Path]) -> int:

@@ -6,6 +6,7 @@ are stored relative to their stage folder, so a renamed folder still resolves.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +39,20 @@ def input_files_digest(recipe: Recipe) -> list[str]:
 
 
 def portable(artifact: Artifact, folder: Path) -> dict[str, Any]:
-    """Artifact JSON with a path relative to its stage folder, so a renamed folder still resolves."""
+    """Artifact JSON with a path relative to its stage folder (`../02-export/model.onnx` for a stage that refers
+    to an earlier stage's files), so a renamed or moved run folder still resolves."""
     d = artifact.to_json()
     if artifact.path is not None and artifact.path.parent == folder:
         d["path"] = artifact.path.name
+    elif artifact.path is not None and artifact.path.resolve().is_relative_to(folder.resolve().parent):
+        d["path"] = os.path.relpath(artifact.path.resolve(), folder.resolve())
     return d
 
 
 def relocate(artifact: Artifact, folder: Path) -> Artifact:
     """The artifact read from a stage.json with its relative path (see `portable`) resolved under `folder`."""
     if artifact.path is not None and not artifact.path.is_absolute():
-        return artifact.derive(path=folder / artifact.path)
+        return artifact.derive(path=Path(os.path.normpath(folder / artifact.path)))
     return artifact
 
 
