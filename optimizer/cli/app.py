@@ -7,7 +7,9 @@ imports this module; global options reach them through typer's Context (ctx.obj,
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import typer
@@ -36,6 +38,10 @@ def _root(
     opts.debug, opts.history = debug, history
 
 
+def _sigterm(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the command line (argv: the arguments after the program name; default sys.argv) and exit with its code.
 
@@ -46,8 +52,12 @@ def main(argv: list[str] | None = None) -> None:
 
     silence_libraries()  # the libraries' progress lines are not ours to print (their errors still are)
     opts = CliOptions()  # the root callback fills it; created here so that the handlers below see --debug
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm)  # every command: SIGTERM is Ctrl-C (exit 130, "interrupted")
     try:
         rc = app(args=argv, standalone_mode=False, obj=opts)
+        if rc == 130 and not opts.said:  # typer turned an interrupt no command caught into exit 130, silently
+            opts.err.print(error_line("interrupted"))
         sys.exit(rc if isinstance(rc, int) else 0)
     except OptimizerError as e:
         if opts.debug:

@@ -82,6 +82,7 @@ class CliOptions:
     history: Path | None = None  # run history database; None: the user data dir
     out: Console = field(default_factory=stdout_console)
     err: Console = field(default_factory=stderr_console)
+    said: bool = False  # a command printed its own error line (fail): main adds none
 
 
 def options(ctx: typer.Context) -> CliOptions:
@@ -91,4 +92,5 @@ def options(ctx: typer.Context) -> CliOptions:
 
 def fail(opts: CliOptions, message: str, code: int) -> NoReturn:
     opts.err.print(error_line(message), soft_wrap=True)
+    opts.said = True
     raise typer.Exit(code)

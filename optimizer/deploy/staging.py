@@ -103,10 +103,21 @@ class Interrupts:
             signal.signal(sig, signal.SIG_IGN)
 
 
+def _clear_leftovers(out: Path) -> None:
+    """The staging folders of earlier exports into `out` that were killed (kill -9: no cleanup ran). `out` is held
+    (out_lock), so no live export owns one; another --out's (a different name) is not touched, nor a link."""
+    prefix = f".{out.name}.partial-"
+    for p in out.parent.iterdir():
+        if p.name.startswith(prefix) and p.is_dir() and not p.is_symlink():
+            with _no_interrupts():
+                shutil.rmtree(p, ignore_errors=True)
+
+
 @contextmanager
 def staged(out: Path, interrupts: Interrupts | None = None) -> Iterator[Path]:
     """A new staging folder beside `out` (a unique name: tempfile.mkdtemp), renamed onto `out` when the body
     finishes and removed when it raises (Ctrl-C included). `out` must be held with out_lock."""
+    _clear_leftovers(out)
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     except OSError as e:

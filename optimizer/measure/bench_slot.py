@@ -12,6 +12,7 @@ import fcntl
 import os
 import re
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from optimizer.core.errors import OptimizerError
 from optimizer.core.metrics import TimedWindow
 
 _lock = threading.RLock()  # threads of one process take turns too; the file lock is per process
@@ -35,7 +37,12 @@ def slot_path() -> Path:
     """The lock file: one per host (and user: another user's compiles cannot open this user's file).
     OPTIMIZER_BENCH_SLOT names another (e.g. one per GPU, when each GPU times its own stages)."""
     if os.environ.get("OPTIMIZER_BENCH_SLOT"):
-        return Path(os.environ["OPTIMIZER_BENCH_SLOT"])
+        path = Path(os.environ["OPTIMIZER_BENCH_SLOT"])
+        if path.is_dir() or not path.parent.is_dir():
+            what = "is a folder" if path.is_dir() else f"is in {path.parent}, which is not a folder"
+            raise OptimizerError(f"OPTIMIZER_BENCH_SLOT: {path} {what}; name a lock file in an existing folder "
+                                 "(it is created), or unset it for the host's own")
+        return path
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())
     return Path(tempfile.gettempdir()) / f"optimizer-bench-{host}-{os.getuid()}.lock"
 
@@ -53,9 +60,13 @@ def bench_slot(what: str) -> Iterator[TimedWindow | None]:
             finally:
                 _depth -= 1
             return
-        fd = os.open(slot_path(), os.O_RDWR | os.O_CREAT, 0o600)
+        path = slot_path()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another process times
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise OptimizerError(f"bench slot: cannot open {path} ({e.strerror or e})") from None
+        try:
+            _take(fd, path, what)
             _depth = 1
             window = TimedWindow(host=hostname(), start=time.time(), end=0.0, pid=os.getpid(), what=what)
             try:
@@ -67,6 +78,22 @@ def bench_slot(what: str) -> Iterator[TimedWindow | None]:
                     sink.append(window)
         finally:
             os.close(fd)  # closing the descriptor releases the lock
+
+
+def _take(fd: int, path: Path, what: str) -> None:
+    """The slot's lock; while another process holds it, one line on stderr says this one waits, and for whom (the
+    holder's pid, which each holder writes into the file: a number read back, never the file's text)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        by = f" by pid {int(holder)}" if holder.isdigit() else ""
+        sys.stderr.write(f"waiting for the bench slot ({what}): it is held{by} (lock {path}); timings on one host "
+                         "never overlap, this one starts when it is free\n")
+        sys.stderr.flush()
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another process times
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
 
 
 def holding() -> bool:

@@ -48,6 +48,9 @@ CREATE INDEX IF NOT EXISTS stage_metrics_run ON stage_metrics(run_id);
 def default_path() -> Path:
     env = os.environ.get("OPTIMIZER_HISTORY")
     if env:
+        if Path(env).is_dir():
+            raise OptimizerError(f"OPTIMIZER_HISTORY: {env} is a folder; name the history's file (e.g. "
+                                 f"{Path(env) / 'history.sqlite'}), or unset it for the default")
         return Path(env)
     from platformdirs import user_data_dir
 

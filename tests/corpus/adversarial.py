@@ -282,7 +282,7 @@ def outcome_cases(out: Outcome, run: Path, work: Path) -> None:
 
 
 TOPICS = ("handover", "paths", "validation", "sources", "edge", "generated", "console", "claims", "recipe_files",
-          "data")
+          "data", "signals")
 
 
 @dataclass
