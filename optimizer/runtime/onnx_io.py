@@ -222,7 +222,8 @@ SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 
 
 def node_scopes(model: Any) -> dict[str, str]:
-    """node name -> the PyTorch module it came from (from the dynamo exporter's name_scopes metadata)."""
+    """node name -> the PyTorch module it came from (from the dynamo exporter's name_scopes metadata: a list of
+    module names; any other value, which a file may hold, is ignored)."""
     import ast
 
     out = {}
@@ -231,7 +232,10 @@ def node_scopes(model: Any) -> dict[str, str]:
             if prop.key == SCOPE_KEY:
                 try:
                     scopes = ast.literal_eval(prop.value)
-                except (ValueError, SyntaxError):
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    continue
+                # a hint, never a requirement: anything but the exporter's list of module names is ignored
+                if not isinstance(scopes, list | tuple) or not all(isinstance(s, str) for s in scopes):
                     continue
                 modules = [s for s in scopes[:-1] if s]
                 if modules:
