@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from optimizer.engine.memory_plan import WRITES_WEIGHTS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 ENCODERS = {
@@ -129,8 +131,7 @@ def run_row(name: str, out: Path) -> dict[str, Any]:
     stages = report.get("stages", [])
     source = stages[0]["artifact"] if stages and stages[0].get("artifact") else {}
     weights = source.get("param_bytes") or 0
-    changed = sum(1 for s in stages if s["status"] == "ran" and s["type"] in ("export", "quantize", "genai_build",
-                                                                               "fuse", "openvino", "nncf_int8"))
+    changed = sum(1 for s in stages if s["status"] == "ran" and s["type"] in WRITES_WEIGHTS)
     row = {
         "model": name, "params_m": round(weights / 4 / 1e6, 1), "fp32_gb": round(weights / 1e9, 2),
         "peak_rss_gb": round(peak / 1e6, 2), "rss_x_weights": round(peak * 1e3 / weights, 2) if weights else None,

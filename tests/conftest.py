@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,11 @@ sys.path.insert(0, str(TESTS))
 # A bug of ours (TypeError, KeyError... raised in optimizer/ or passes/) fails the test that hits it instead of
 # becoming a "failed" stage; subprocesses the tests start inherit it. A test of the user-facing behaviour unsets it.
 os.environ.setdefault("OPTIMIZER_DEBUG", "1")
+# A script that starts the tests in the background (`cmd &`, as CI does) hands them SIGINT ignored, and every
+# subprocess would inherit the ignore: the Ctrl-C tests' compiles would run to the end and exit 0. A Python handler
+# is reset to the default at exec, so the compiles the tests start get SIGINT as at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # memory: inline keeps the many small compiles in the tests fast; test_pipeline checks the fresh-process probe.
 FAST_BENCH = {"warmup": 2, "rounds": 4, "iterations": 3, "memory": "inline", "settle_ms": 5}
@@ -32,6 +38,17 @@ def mlp_recipe(**overrides: Any) -> dict[str, Any]:
     }
     recipe.update(overrides)
     return recipe
+
+
+def compile_mlp(folder: Path) -> Path:
+    """The tiny MLP compiled into `folder` with its report written: a run folder to read, export or damage."""
+    from optimizer.engine.pipeline import Pipeline
+    from optimizer.recipe.loading import parse_recipe
+    from optimizer.report.build import write_report
+
+    recipe = parse_recipe(mlp_recipe(), "recipe.yaml", folder.parent)
+    write_report(recipe, Pipeline(recipe, folder).execute(), folder, 0.0)
+    return folder
 
 
 def write_recipe(folder: Path, data: dict[str, Any], name: str = "recipe.yaml") -> Path:

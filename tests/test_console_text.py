@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mlp_recipe
+from conftest import compile_mlp
 
 from optimizer.cli.app import main
 
@@ -51,14 +51,7 @@ def one_matmul(path: Path, name: str, scale: float = 1.0) -> Path:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from optimizer.engine.pipeline import Pipeline
-    from optimizer.recipe.loading import parse_recipe
-    from optimizer.report.build import write_report
-
-    folder = tmp_path_factory.mktemp("console") / "run"
-    recipe = parse_recipe(mlp_recipe(), "recipe.yaml", folder.parent)
-    write_report(recipe, Pipeline(recipe, folder).execute(), folder, 0.0)
-    return folder
+    return compile_mlp(tmp_path_factory.mktemp("console") / "run")
 
 
 def test_verify_escapes_a_planted_file_name(compiled: Path, tmp_path: Path,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import mlp_recipe
+from conftest import compile_mlp
 
 from optimizer.cli.auto_compile import edited, prepare_model_recipe
 from optimizer.recipe.loading import load_recipe
@@ -70,14 +70,7 @@ def test_every_header_line_is_a_comment(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from optimizer.engine.pipeline import Pipeline
-    from optimizer.recipe.loading import parse_recipe
-    from optimizer.report.build import write_report
-
-    folder = tmp_path_factory.mktemp("md") / "run"
-    recipe = parse_recipe(mlp_recipe(), "recipe.yaml", folder.parent)
-    write_report(recipe, Pipeline(recipe, folder).execute(), folder, 0.0)
-    return folder
+    return compile_mlp(tmp_path_factory.mktemp("md") / "run")
 
 
 def test_report_markdown_keeps_model_text_inside_its_line_and_cell(compiled: Path, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import mlp_recipe
+from conftest import compile_mlp
 
 from optimizer.cli.app import main
 from optimizer.core.artifact import file_sha256
@@ -23,14 +23,7 @@ from optimizer.report.history import load_report
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from optimizer.engine.pipeline import Pipeline
-    from optimizer.recipe.loading import parse_recipe
-    from optimizer.report.build import write_report
-
-    folder = tmp_path_factory.mktemp("claims") / "run"
-    recipe = parse_recipe(mlp_recipe(), "recipe.yaml", folder.parent)
-    write_report(recipe, Pipeline(recipe, folder).execute(), folder, 0.0)
-    return folder
+    return compile_mlp(tmp_path_factory.mktemp("claims") / "run")
 
 
 @pytest.fixture(scope="module")

@@ -289,7 +289,7 @@ class Pipeline:
         reason = instance.skip_reason(parent.artifact, probe)
         if reason:
             rec.status, rec.reason = "skipped", reason
-            rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+            self._pass_through(rec)
             return
         config = instance.config.model_dump(mode="json")
         # what the pass reads of the recipe is in its key, and is all it may read (optimizer.recipe.reads)
@@ -318,7 +318,7 @@ class Pipeline:
             too_big = memory_plan.pass_reason(parent.artifact, cls.memory_factor)
             if too_big:  # decided before the pass loads anything: the run goes on without this stage
                 rec.status, rec.reason = "skipped", too_big
-                rec.artifact, rec.measured_against, rec.key = parent.artifact, parent.measured_against, parent.key
+                self._pass_through(rec)
                 return
             self.events.stage_progress(rec, f"running {spec.type}", 0, 0)
             building = self.run.building_dir(rec.index, rec.name)

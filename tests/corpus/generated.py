@@ -5,24 +5,11 @@ from __future__ import annotations
 import yaml
 
 from .adversarial import Shared
+from .handover import one_matmul_model
 
 KIND = "R4.1 generated files that take dictation"
 NAMES = {"newline adds keys": "x\nseed: 7\nbatch_sweep: {batches: [1], latency_budget_ms: 5}",
          "ESC in a name": "x\x1b[2J", "line separator": "x\u2028seed: 3", "CR LF": "x\r\nseed: 3"}
-
-
-def _model(path, name: str) -> None:  # type: ignore[no-untyped-def]
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper
-
-    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], np.zeros(64).tolist())
-    graph = helper.make_graph([helper.make_node("MatMul", [name, "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
 
 
 def add_cases(r: Shared) -> None:
@@ -31,7 +18,7 @@ def add_cases(r: Shared) -> None:
     r.work.mkdir(parents=True, exist_ok=True)
     for i, (label, name) in enumerate(NAMES.items()):
         def case(i: int = i, name: str = name) -> bool | str:
-            _model(r.work / f"m{i}.onnx", name)
+            one_matmul_model(r.work / f"m{i}.onnx", name)
             text = prepare_model_recipe(str(r.work / f"m{i}.onnx"), "cpu", r.work / f"run{i}").read_text()
             data = yaml.safe_load(text)
             if "seed" in data or "batch_sweep" in data:

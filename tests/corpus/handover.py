@@ -288,20 +288,25 @@ def name_cases(r: Shared) -> None:
     r.out.add(NUMBERS, "Triton tensor name with a quote and a backslash", escaped)
 
 
-def _slash_model(path: Path) -> None:
-    """A one-MatMul graph whose input and output names hold '/' and ':' (as TensorFlow's converters name them)."""
+def one_matmul_model(path: Path, input_name: str, output_name: str = "y") -> None:
+    """A one-MatMul graph x [batch, 16] -> [batch, 4] with these tensor names, whatever they hold."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
 
     w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], np.random.default_rng(0).random(64).tolist())
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["input/ids:0", "w"], ["out/logits:0"])], "g",
-        [helper.make_tensor_value_info("input/ids:0", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("out/logits:0", TensorProto.FLOAT, ["batch", 4])], [w])
+        [helper.make_node("MatMul", [input_name, "w"], [output_name])], "g",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", 4])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
+
+
+def _slash_model(path: Path) -> None:
+    """Input and output names holding '/' and ':' (as TensorFlow's converters name them)."""
+    one_matmul_model(path, "input/ids:0", "out/logits:0")
 
 
 def add_cases(r: Shared) -> None:
