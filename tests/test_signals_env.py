@@ -125,3 +125,20 @@ def test_history_naming_a_folder_is_a_correct_line(tmp_path: Path) -> None:
     lines = got.stderr.strip().splitlines()
     assert len(lines) == 1 and "OPTIMIZER_HISTORY" in lines[0] and "folder" in lines[0], got.stderr
     assert "damaged" not in got.stderr and "move it aside" not in got.stderr
+
+
+def test_a_command_called_in_process_gives_the_callers_signal_handlers_back(tmp_path: Path) -> None:
+    """main(argv) from Python (a script, a notebook, the tests) is not the process's end: an export ignores
+    Ctrl-C once its bundle is in place, and that ignore outlived the call, so every later child of the caller was
+    started with SIGINT ignored (the suite's Ctrl-C tests exited 0 after an in-process export)."""
+    from conftest import compile_mlp
+
+    from optimizer.cli.app import main
+
+    run = compile_mlp(tmp_path / "run")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(SystemExit) as done:
+        main(["--history", str(tmp_path / "h.sqlite"), "export", str(run), "--stage", "ort_session",
+              "--out", str(tmp_path / "bundle")])
+    assert done.value.code == 0
+    assert {s: signal.getsignal(s) for s in before} == before

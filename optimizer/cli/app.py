@@ -52,8 +52,24 @@ def main(argv: list[str] | None = None) -> None:
 
     silence_libraries()  # the libraries' progress lines are not ours to print (their errors still are)
     opts = CliOptions()  # the root callback fills it; created here so that the handlers below see --debug
-    if threading.current_thread() is threading.main_thread():
+    main_thread = threading.current_thread() is threading.main_thread()
+    callers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    if main_thread:
         signal.signal(signal.SIGTERM, _sigterm)  # every command: SIGTERM is Ctrl-C (exit 130, "interrupted")
+    try:
+        _run_app(argv, opts)
+    finally:
+        # Called from Python (argv given: a script, a notebook, the tests), this is not the process's end: the
+        # caller's handlers go back (an export ignores Ctrl-C once its bundle is in place, and every later child
+        # of the caller would start with SIGINT ignored). As the program itself, they hold through its teardown.
+        if argv is not None:
+            for sig, handler in callers.items():
+                if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                    signal.signal(sig, handler)
+
+
+def _run_app(argv: list[str] | None, opts: CliOptions) -> None:
+    """The command, and its outcome as the exit code (see main)."""
     try:
         rc = app(args=argv, standalone_mode=False, obj=opts)
         if rc == 130 and not opts.said:  # typer turned an interrupt no command caught into exit 130, silently
