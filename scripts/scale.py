@@ -140,6 +140,9 @@ def run_row(name: str, out: Path) -> dict[str, Any]:
         "best": (report.get("best") or {}).get("stage"),
         "stages": {s["name"]: s["status"] for s in stages},
         "not_ok": {s["name"]: s.get("reason") for s in stages if s["status"] in ("failed", "skipped")},
+        # each stage's worker peak (its pass and measuring): which stage sets the run's peak
+        "stage_peak_gb": {s["name"]: round(s["metrics"]["worker_peak_mb"] / 1e3, 2) for s in stages
+                          if (s.get("metrics") or {}).get("worker_peak_mb") is not None},
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
     }

@@ -18,6 +18,7 @@ from optimizer.engine.memory_plan import HEADROOM_BYTES, measure_plan, pass_reas
 from optimizer.engine.pipeline import Pipeline
 from optimizer.engine.stage_worker import FAULT_ENV
 from optimizer.recipe.loading import parse_recipe
+from optimizer.report.build import write_report
 
 GIB = 2**30
 
@@ -58,6 +59,12 @@ def test_stages_in_workers_measure_as_inline_ones(tmp_path: Path) -> None:
     assert ort.metrics["memory"]["method"] == "inline" and "own worker process" in ort.metrics["memory"]["note"]
     assert ort.metrics["scenarios"]["b1"]["vs_parent"]["ratio"] > 0
     assert ort.pass_seconds is not None and ort.notes["session_options"]
+    # what the stage cost the machine: its worker's peak, above what an empty Python with onnxruntime holds
+    assert 60 < ort.metrics["worker_peak_mb"] < 4000
+    recipe = parse_recipe(data, "<test>", tmp_path)
+    write_report(recipe, list(records.values()), tmp_path / "out", 0.0)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"the stage's worker peaked at {ort.metrics['worker_peak_mb']:.0f} MB resident" in report
     again = execute(data, tmp_path / "out")  # the cache holds across processes
     assert again["ort_session"].status == "cached"
 

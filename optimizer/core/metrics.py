@@ -304,6 +304,9 @@ class StageMetrics(Facts):
     prefill_kernel_time_ms: dict[str, float] = {}
     nodes_executed: int | None = None  # kernels ORT ran per call, after its own fusions
     nonfinite_reference: int | None = None  # stage 0 only: NaN/inf in the reference outputs
+    # the peak resident memory of the worker process the stage ran in (its pass and its measuring together:
+    # engine.stage_worker), which is what a stage costs the machine at a real size; None inline or cached
+    worker_peak_mb: float | None = None
     instance_note: str | None = None  # why the stage ran one session a side though benchmark.instances asked more
     graph: GraphFacts | None = None  # the graph as saved ({} for the PyTorch source)
     size_bytes: int | None = None  # bytes on disk (parameter bytes for the PyTorch source)

@@ -126,4 +126,7 @@ def run_in_worker(pipe: StageRunner, rec: StageRecord) -> StageRecord:
         raise RuntimeError("the stage worker failed:\n" + "\n".join(tail))
     if result is None or proc.returncode != 0:
         raise WorkerDied(_death_reason(status, usage.ru_maxrss, list(tail)), usage.ru_maxrss * 1024)
-    return StageRecord.from_json(json.loads(result[len(RESULT):]))
+    filled = StageRecord.from_json(json.loads(result[len(RESULT):]))
+    if filled.metrics:  # measured: what the stage cost the machine goes beside what it measured
+        filled.metrics["worker_peak_mb"] = round(usage.ru_maxrss / 1024, 1)
+    return filled

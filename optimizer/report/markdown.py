@@ -183,6 +183,9 @@ def _metrics_lines(m: StageMetrics) -> list[str]:
         )
     elif mem is not None:
         lines.append(f"- host memory (in-process growth): {m.memory_mb:.0f} MB {md_inline(mem.reason or '')}".rstrip())
+    if m.worker_peak_mb is not None:
+        lines.append(f"- compile memory: the stage's worker peaked at {m.worker_peak_mb:.0f} MB resident (pass and "
+                     "measuring)")
     if m.budget:
         verdict = "within budget" if m.within_budget else "REJECTED"
         lines.append(f"- accuracy: {md_inline(m.budget)} ({verdict}{', at the edge' if m.budget_edge else ''})")
