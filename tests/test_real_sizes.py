@@ -198,3 +198,23 @@ def test_the_report_gives_each_stages_own_disk() -> None:
     line = disk_line(R())  # type: ignore[arg-type]
     assert line == ["- disk: 3072 MiB written by the measured stages: export 3072 MiB (a stage that links its "
                     "input's weights adds only its graph)"]
+
+
+def test_a_long_generation_is_profiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a real size a whole generation takes seconds (3.1 s for the 0.5B decoder on 2 cores): the op profile
+    takes one generation after its warm-up, not three; a small model's keeps three."""
+    from types import SimpleNamespace
+
+    from optimizer.measure import generation
+
+    asked: list[int] = []
+    monkeypatch.setattr(generation, "generation_profile",
+                        lambda *a: asked.append(a[-1]) or SimpleNamespace(decode={}, source=None, prefill={}))
+    monkeypatch.setattr(generation, "scenario_profile", lambda *a: None)
+    for task_ms, reps in ((3133.8, 1), (41.0, 3)):
+        latency = SimpleNamespace(p50_ms=task_ms)
+        scenarios = {"s": SimpleNamespace(latency=latency, profile=None)}
+        feeds = [SimpleNamespace(scenario=SimpleNamespace(name="s", new_tokens=8), timing={})]
+        monkeypatch.setattr(generation, "prompt_of", lambda timing: None)
+        generation._profile(None, None, None, feeds, scenarios, lambda *a: None, "t")
+        assert asked[-1] == reps

@@ -231,6 +231,17 @@ def _time_scenarios(
     return scenarios, MachineLoad.model_validate(load.result) if load.result else None
 
 
+# A whole generation longer than this (a real-size decoder: 3 s at 0.5B on 2 cores) is profiled once after the
+# warm-up instead of three times: its op medians are over every decode step of that one generation already, and
+# the three cost a 0.5B compile about 20 s a stage.
+LONG_GENERATION_MS = 2000.0
+
+
+def profile_reps(task_ms: float) -> int:
+    """Generations the op profile of a scenario takes (see LONG_GENERATION_MS)."""
+    return 1 if task_ms > LONG_GENERATION_MS else 3
+
+
 def _profile(artifact: Artifact, recipe: Recipe, gen: Any, feeds: FeedSet, scenarios: dict[str, ScenarioMetrics],
              progress: Progress, label: str) -> Any:
     """Every scenario's prefill and decode step profiled (a long prompt changes where the time goes), onto its
@@ -238,7 +249,8 @@ def _profile(artifact: Artifact, recipe: Recipe, gen: Any, feeds: FeedSet, scena
     progress("profiling the prefill and the decode step", 0, 0)
     with bench_slot(f"{label} profile"):  # profiled calls are timings too
         by_scenario = {
-            sf.scenario.name: generation_profile(artifact, recipe, gen, prompt_of(sf.timing), sf.scenario.new_tokens)
+            sf.scenario.name: generation_profile(artifact, recipe, gen, prompt_of(sf.timing), sf.scenario.new_tokens,
+                                                 profile_reps(scenarios[sf.scenario.name].latency.p50_ms))
             for sf in feeds
         }
     for name, p in by_scenario.items():
