@@ -240,7 +240,7 @@ def test_ctrl_c_during_export_leaves_nothing(run: Path, tmp_path: Path, delay: f
     env.pop("OPTIMIZER_DEBUG", None)
     out = tmp_path / "b"
     cmd = [sys.executable, "-m", "optimizer", "export", str(run), "--stage", "ort_session", "--out", str(out)]
-    # restore_signals and a new session: SIGINT is delivered as at a terminal, not ignored as under `&`
+    # a new session; SIGINT is delivered as at a terminal even under `&` because conftest resets an inherited ignore
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                             start_new_session=True, restore_signals=True)
     deadline = time.monotonic() + 120
